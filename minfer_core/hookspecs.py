@@ -1,0 +1,120 @@
+"""Hook specifications: the public API for minfer kernel plugins.
+
+A plugin is a module (or object) with functions marked ``@hookimpl`` whose names match the
+specs below; it is found through the entry-point group ``minfer.plugins``. Every hook runs at
+*load time* only. After loading, the core has built a dispatch table (tensor -> kernel) and a
+fuse mode, and forward passes call neither hooks nor read environment variables.
+
+Ordering is the policy's (``configs/gates.yaml``), not pluggy's: the core calls every plugin,
+collects all the candidates they offer and ranks them by the policy order for that class of
+work. A plugin therefore never needs ``tryfirst``/``trylast``.
+
+Objects passed to hooks are defined in :mod:`minfer_core.weights`.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "minfer"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---------------------------------------------------------------------------------------------
+# Load: hardware and weights
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def minfer_applicable(ctx):
+    """Say whether this plugin can run on this machine at all.
+
+    Called once per load, before any weight is registered. ``ctx`` is the
+    :class:`~minfer_core.weights.LoadContext` (device, compute capability, resolved gates).
+    Return ``None`` if it can run, or a short reason string if it cannot (e.g. ``"needs a CUDA
+    device with compute capability >= 8.0"``). A plugin that is not applicable is asked nothing
+    else; an explicit ``--backend`` naming it is then an error carrying this reason.
+    """
+
+
+@hookspec
+def minfer_register_weight(weight, ctx):
+    """Prepare a matmul weight this plugin may later serve.
+
+    Called once per 2-D matmul weight (after QKV and gate|up fusion), in file order, before the
+    dispatch table is built. ``weight`` is a :class:`~minfer_core.weights.Weight`; a plugin may
+    build planes or caches and store them in ``weight.planes[<key>]`` (keys are prefixed with the
+    plugin name). A plugin that replaces the raw bytes entirely may call
+    ``weight.drop_raw()`` only when ``ctx`` says no other chosen kernel reads them.
+    Return value is ignored.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def minfer_matmul_candidates(weight, phase, ctx):
+    """Offer kernels for ``y = x @ weight.T``.
+
+    ``phase`` is ``"prefill"`` (16 or more rows of activations) or ``"decode"`` (fewer rows;
+    in practice a single token). Return a list of :class:`~minfer_core.weights.Candidate`
+    (possibly empty) or ``None`` for "nothing to offer". The core ranks every plugin's candidates
+    by the policy's ordering for that phase and keeps the first; the reference backend is always
+    the last resort.
+    """
+
+
+@hookspec
+def minfer_producer_candidates(kind, ctx):
+    """Offer fused producer kernels for prefill activations.
+
+    ``kind`` is ``"rmsnorm"`` or ``"swiglu"``. A producer writes the activation plane the GEMMs
+    read (and the f32 activation unless the fuse mode is 2). Return a list of
+    :class:`~minfer_core.weights.Candidate` or ``None``. Only consulted when the resolved fuse
+    mode is 1 or 2.
+    """
+
+
+@hookspec
+def minfer_fuse_mode(model, requested, ctx):
+    """Veto or lower the producer fuse mode for this model.
+
+    Called once after registration with ``requested`` (0, 1 or 2, already degraded by the core
+    for plane-only and trace rules). Return ``None`` to accept it, or a lower integer with a
+    reason as ``(mode, reason)``. The lowest mode any plugin returns wins.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def minfer_wrap_decode_step(step, ctx):
+    """Wrap the single-token decode step, e.g. to capture and replay it as a CUDA graph.
+
+    ``step`` is a :class:`~minfer_core.weights.DecodeStep`: ``step(token_ids, positions)``
+    returns logits and touches only static buffers. Return a callable with the same signature,
+    or ``None`` to leave it alone. The candidate ranked first by the policy's ``decode_step``
+    ordering is used; the model itself knows nothing about graphs.
+    """
+
+
+@hookspec
+def minfer_attention_candidates(phase, ctx):
+    """Offer an attention kernel.
+
+    ``phase`` is ``"decode"`` (one new token reading the whole KV cache) or ``"prefill"``.
+    Decode contract: ``fn(q, k_cache, v_cache, n_valid) -> out`` with ``q`` ``(n_heads, head_dim)``,
+    caches ``(max_ctx, n_kv_heads, head_dim)`` of one layer, ``n_valid`` a 0-d int32 device tensor
+    (positions ``0 .. n_valid-1`` are valid; it must not be read on the host, so the call can be
+    captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32.
+    Prefill contract: ``fn(q, k, v, start) -> out`` with ``q`` ``(T, n_heads, head_dim)``,
+    ``k``/``v`` ``(start + T, n_kv_heads, head_dim)`` (cached then new), causal, ``out``
+    ``(T, n_heads * head_dim)`` float32. Return a list of Candidates or ``None``.
+    """

@@ -1,0 +1,94 @@
+"""Objects passed between the core and plugins at load time (see :mod:`minfer_core.hookspecs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+
+@dataclass
+class Weight:
+    """One 2-D matmul weight: ``y = x @ W.T`` with ``W`` of shape ``(n_out, n_in)``.
+
+    ``raw`` holds the GGUF blocks as a uint8 tensor of shape ``(n_out, bytes_per_row)`` on the
+    compute device (rows are independent, so fused weights are concatenations of rows).
+    ``qtype`` is a :class:`gguf.GGMLQuantizationType`. ``bias`` is an optional f32 vector.
+    ``role`` names the job in the block: ``qkv``, ``q``, ``k``, ``v``, ``o``, ``gate_up``,
+    ``gate``, ``up``, ``down``, ``output``.
+    """
+
+    name: str
+    qtype: Any
+    shape: tuple[int, int]
+    raw: Optional[torch.Tensor]
+    role: str = ""
+    bias: Optional[torch.Tensor] = None
+    planes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_out(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_in(self) -> int:
+        return self.shape[1]
+
+    def drop_raw(self) -> None:
+        """Release the raw GGUF bytes (a plane now holds everything the chosen kernels read)."""
+        self.raw = None
+
+
+@dataclass
+class Activation:
+    """A prefill activation as its producer wrote it.
+
+    ``f32``: the float32 rows ``(M, K)`` (absent under fuse mode 2).
+    ``plane``: the layout the plane-family GEMMs read (bf16 ``(M, K)``), written once per
+    producer when ``MINFER_MMQ_A_TRANSPOSE`` is on; absent otherwise.
+    """
+
+    f32: Optional[torch.Tensor]
+    plane: Optional[torch.Tensor] = None
+
+    @property
+    def rows(self) -> int:
+        t = self.f32 if self.f32 is not None else self.plane
+        return t.shape[0]
+
+
+@dataclass
+class Candidate:
+    """A kernel offered by a plugin.
+
+    ``plugin``: the offering plugin's name (the policy orders by it). ``label``: the dispatch label
+    recorded each time the kernel runs (e.g. ``mmq.q4k.nb``). ``fn``: the callable; for matmuls
+    ``fn(act: Activation | Tensor) -> Tensor``, for producers see the core's producer contract.
+    ``gate``: the gate this candidate depends on, if any (for ``minfer gates``).
+    """
+
+    plugin: str
+    label: str
+    fn: Callable[..., Any]
+    gate: Optional[str] = None
+    reads: tuple[str, ...] = ("f32",)
+
+
+@dataclass
+class LoadContext:
+    """What a plugin may know at load time. Built once; holds no environment reads after that."""
+
+    device: torch.device
+    compute_capability: Optional[tuple[int, int]]
+    gates: dict[str, Any]
+    fuse_mode: int = 0
+    trace: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def gate_on(self, name: str) -> bool:
+        """The resolved value of an on/off gate (never reads the environment)."""
+        return bool(self.gates[name])
+
+
+DecodeStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,0 +1,17 @@
+"""Shared fixtures: the real models, fetched the way a user's first run fetches them."""
+
+from __future__ import annotations
+
+import pytest
+
+from minfer_core.fetch import pull
+
+
+@pytest.fixture(scope="session")
+def qwen_path():
+    return pull("qwen2.5-coder-0.5b", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def smollm_path():
+    return pull("smollm2-135m", quiet=True)
