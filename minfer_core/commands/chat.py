@@ -1,0 +1,44 @@
+"""``minfer chat``: a multi-turn conversation on stdin/stdout using the model's chat template."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import add_model_args, add_sampling_args, load_engine, log, sampler_config
+
+ENGINE_OPTIONS = True
+
+
+def add_parser(sub):
+    p = sub.add_parser("chat", help="multi-turn chat with the model's chat template",
+                       description="Chat on stdin/stdout. Each line you type is a user turn; an empty line or EOF "
+                                   "(Ctrl-D) ends. The KV cache is kept between turns: only new tokens are prefilled.")
+    add_model_args(p)
+    p.add_argument("--system", "-sys", metavar="TEXT", help="system message")
+    add_sampling_args(p)
+    return p
+
+
+def run(args) -> int:
+    from ..session import ChatSession
+
+    sampling = sampler_config(args)
+    engine = load_engine(args)
+    session = ChatSession(engine, system=args.system, sampling=sampling)
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            sys.stdout.write("> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line or not line.strip():
+            break
+        reused = len(engine.cached)
+        session.send(line.rstrip("\n"), n_predict=args.n_predict, stop=args.stop,
+                     on_text=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if args.verbose:
+            t = engine.timings
+            log(f"minfer: turn: {reused} cached tokens reused, {t.prompt_tokens} in prompt; {t.summary()}")
+    return 0

@@ -1,0 +1,190 @@
+"""The engine: load a GGUF file through the plugin plan, then prefill and generate.
+
+``Engine.load`` is the only place hooks run. ``Engine.generate`` keeps the KV cache between calls:
+a new prompt that starts with the tokens already in the cache only prefills what is new (chat).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+from .config import ModelConfig, config_from_gguf
+from .dispatch import Plan, build_plan, make_context, wrap_decode_step
+from .gguf_file import GGUFFile, open_gguf
+from .loader import load_params, weights_from_file
+from .model import Runtime, Transformer
+from .plugins import get_plugin_manager
+from .policy import load_policy
+from .sampling import Sampler, SamplerConfig
+from .tokenizer import StreamDecoder, Tokenizer
+
+
+def pick_device(name: str | None = None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class Timings:
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+
+    def summary(self) -> str:
+        pp = self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
+        tg = (self.gen_tokens - 1) / self.gen_s if self.gen_s and self.gen_tokens > 1 else 0.0
+        return (f"load {self.load_s:.2f} s | prompt {self.prompt_tokens} tok, {pp:.1f} tok/s | "
+                f"gen {self.gen_tokens} tok, {tg:.1f} tok/s")
+
+
+@dataclass
+class Generation:
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str = ""  # "eog", "stop", "length", "context"
+
+
+class Engine:
+    def __init__(self, path: Path, gf: GGUFFile, cfg: ModelConfig, tok: Tokenizer, model: Transformer,
+                 plan: Plan, step: Callable, ctx, load_s: float):
+        self.path, self.gf, self.cfg, self.tok, self.model = path, gf, cfg, tok, model
+        self.plan, self.step, self.ctx = plan, step, ctx
+        self.timings = Timings(load_s=load_s)
+        self.cached: list[int] = []  # tokens whose K/V are in the cache, in order
+
+    @classmethod
+    def load(cls, path, *, backend: str | None = None, policy: str | None = None, blocked: Iterable[str] = (),
+             device: str | None = None, n_ctx: int = 4096, trace_plugins: bool = False,
+             trace_dispatch: bool = False) -> "Engine":
+        t0 = time.perf_counter()
+        path = Path(path)
+        gf = open_gguf(path)
+        cfg = config_from_gguf(gf)
+        tok = Tokenizer.from_metadata(gf.metadata)
+        dev = pick_device(device)
+        pol = load_policy(policy)
+        pm = get_plugin_manager(blocked=blocked, trace=trace_plugins)
+        ctx = make_context(dev, pol, trace=trace_dispatch)
+        weights = weights_from_file(gf, cfg, dev)
+        plan = build_plan(weights, ctx, pm, pol, backend)
+        params = load_params(gf, cfg, weights, dev)
+        n_ctx = min(n_ctx, cfg.ctx_len) if n_ctx > 0 else cfg.ctx_len
+        kv_dtype = torch.float16 if dev.type == "cuda" else torch.float32
+        rt = Runtime(plan, {w.name: w for w in weights})
+        model = Transformer(cfg, params, rt, n_ctx, dev, kv_dtype)
+        step = wrap_decode_step(model.decode_step, ctx, pm, pol, plan, backend)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # -- the two passes ------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cached = []
+
+    def prefill(self, ids: Sequence[int], all_logits: bool = False) -> torch.Tensor:
+        """Bring the cache to ``ids`` (reusing the longest cached prefix); logits of the last token
+        (or of every new token with ``all_logits``)."""
+        n = 0
+        for a, b in zip(self.cached, ids):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(ids) - 1)  # re-run at least one token to get its logits
+        new = torch.tensor(ids[n:], dtype=torch.long, device=self.device)
+        self.cached = list(ids[:n])
+        logits = self.model.forward(new, n, all_logits=all_logits)
+        self.cached = list(ids)
+        return logits
+
+    def decode(self, token: int) -> torch.Tensor:
+        """Feed one token at the next position; logits (vocab,)."""
+        pos = len(self.cached)
+        if pos >= self.model.n_ctx:
+            raise ValueError("context full")
+        t = torch.tensor([token], dtype=torch.long, device=self.device)
+        p = torch.tensor([pos], dtype=torch.long, device=self.device)
+        logits = self.step(t, p)
+        self.cached.append(token)
+        return logits[0]
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, ids: Sequence[int], n_predict: int = -1, sampling: SamplerConfig | None = None,
+                 stop: Sequence[str] = (), on_text: Optional[Callable[[str], None]] = None,
+                 sampler: Sampler | None = None) -> Generation:
+        """Continue ``ids``; stream text through ``on_text``; stop at end-of-generation tokens, a
+        ``stop`` string (not emitted), ``n_predict`` tokens (-1: until the context is full)."""
+        sampler = sampler or Sampler(sampling or SamplerConfig())
+        out = Generation()
+        stream = StreamDecoder(self.tok)
+        pending = ""  # text held back while it may be the start of a stop string
+        sync = self.device.type == "cuda"
+        t0 = time.perf_counter()
+        logits = self.prefill(ids)[-1]
+        history = list(ids)
+        if sync:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        self.timings.prompt_tokens, self.timings.prompt_s = len(ids), t1 - t0
+        while True:
+            token = sampler(logits, history)
+            if token in self.tok.eog_ids:
+                out.stop_reason = "eog"
+                break
+            out.tokens.append(token)
+            history.append(token)
+            pending += stream.push(token)
+            hit = min((pending.find(s) for s in stop if s and s in pending), default=-1)
+            if hit >= 0:
+                pending = pending[:hit]
+                out.stop_reason = "stop"
+            emit, pending = _split_safe(pending, stop) if hit < 0 else (pending, "")
+            if emit:
+                out.text += emit
+                if on_text:
+                    on_text(emit)
+            if out.stop_reason:
+                break
+            if 0 <= n_predict <= len(out.tokens):
+                out.stop_reason = "length"
+                break
+            if len(self.cached) + 1 >= self.model.n_ctx:
+                out.stop_reason = "context"
+                break
+            logits = self.decode(token)
+        if out.stop_reason != "stop":
+            rest = pending + stream.flush()
+            out.text += rest
+            if on_text and rest:
+                on_text(rest)
+        if sync:
+            torch.cuda.synchronize()
+        self.timings.gen_tokens, self.timings.gen_s = len(out.tokens), time.perf_counter() - t1
+        return out
+
+
+def _split_safe(text: str, stops: Sequence[str]) -> tuple[str, str]:
+    """Split ``text`` into what can be emitted now and a tail that may begin a stop string."""
+    keep = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                keep = max(keep, k)
+                break
+    return (text[:-keep], text[-keep:]) if keep else (text, "")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,171 @@
+"""The transformer (Qwen2 and Llama families) over a resolved dispatch plan.
+
+Reads top-down: rotary tables, KV cache, the runtime that calls the planned kernels, then the
+model. A block is ``h += attn(norm(h)); h += ffn(norm(h))``. The forward makes no hook calls and
+reads no environment: every kernel was chosen at load time (``minfer_core.dispatch``).
+Shapes: T tokens, H query heads, Hkv KV heads, D head dim, E embedding width.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .dequant import dequantize
+from .loader import ModelParams
+from .weights import Activation, Weight
+
+PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
+
+
+def rope_tables(cfg: ModelConfig, n_ctx: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape (n_ctx, D/2), float32."""
+    half = cfg.head_dim // 2
+    inv = 1.0 / (cfg.rope_base ** (torch.arange(half, dtype=torch.float64) / half))
+    ang = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().float().to(device), ang.sin().float().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """x (T, heads, D); cos/sin (T, D/2). neox rotates halves, normal rotates adjacent pairs."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    if style == "neox":
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class KVCache:
+    """Per-layer K and V of shape (n_ctx, Hkv, D)."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int, device, dtype):
+        shape = (cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.n_ctx = n_ctx
+
+
+class Runtime:
+    """Calls the kernels of a plan and counts dispatch labels (``--trace-dispatch``)."""
+
+    def __init__(self, plan, weights: dict[str, Weight]):
+        self.plan = plan
+        self.weights = weights
+        self.counts: Counter[str] = Counter()
+        self.attn_prefill = plan.attention["prefill"]
+        self.attn_decode = plan.attention["decode"]
+        self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
+
+    def _run(self, kernel, *args):
+        self.counts[kernel.label] += 1
+        return kernel.fn(*args)
+
+    def linear(self, name: str, x) -> torch.Tensor:
+        """x: Activation (prefill) or f32 tensor (M, K) -> f32 (M, N)."""
+        rows = x.rows if isinstance(x, Activation) else x.shape[0]
+        if rows >= PREFILL_ROWS:
+            act = x if isinstance(x, Activation) else self.produce(x)
+            return self._run(self.plan.prefill[name], act)
+        f32 = x.f32 if isinstance(x, Activation) else x
+        return self._run(self.plan.decode[name], f32)
+
+    def produce(self, x: torch.Tensor) -> Activation:
+        """Wrap an f32 activation for its consumers (the prepass writes the plane once)."""
+        if x.shape[0] >= PREFILL_ROWS and "prepass" in self.producers:
+            return self._run(self.producers["prepass"], x)
+        return Activation(x)
+
+    def rmsnorm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> Activation:
+        if x.shape[0] >= PREFILL_ROWS and "rmsnorm" in self.producers:
+            return self._run(self.producers["rmsnorm"], x, w, eps)
+        return self.produce(rmsnorm(x, w, eps))
+
+    def swiglu(self, gu: torch.Tensor) -> Activation:
+        if gu.shape[0] >= PREFILL_ROWS and "swiglu" in self.producers:
+            return self._run(self.producers["swiglu"], gu)
+        g, u = gu.chunk(2, dim=-1)
+        return self.produce(F.silu(g) * u)
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, params: ModelParams, rt: Runtime, n_ctx: int, device, kv_dtype):
+        self.cfg, self.p, self.rt = cfg, params, rt
+        self.device = torch.device(device)
+        self.cache = KVCache(cfg, n_ctx, device, kv_dtype)
+        self.cos, self.sin = rope_tables(cfg, n_ctx, device)
+        self.n_ctx = n_ctx
+        self.q_dim = cfg.n_heads * cfg.head_dim
+        self.kv_dim = cfg.n_kv_heads * cfg.head_dim
+
+    # -- pieces ----------------------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return dequantize(self.p.tok_embd[tokens], self.p.tok_embd_type, self.cfg.n_embd)
+
+    def qkv(self, i: int, a) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        names = self.p.layers[i].attn
+        if len(names) == 1:
+            y = self.rt.linear(names[0], a)
+            return y.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        return tuple(self.rt.linear(n, a) for n in names)
+
+    def ffn(self, i: int, a) -> torch.Tensor:
+        names = self.p.layers[i].ffn
+        if len(names) == 1:
+            gu = self.rt.linear(names[0], a)
+        else:
+            gu = torch.cat([self.rt.linear(n, a) for n in names], dim=-1)
+        return self.rt.linear(self.p.layers[i].down, self.rt.swiglu(gu))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        x = rmsnorm(h, self.p.out_norm, self.cfg.rms_eps)
+        return self.rt.linear("output", x)
+
+    # -- passes ----------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
+        """Process tokens (T,) at positions start..start+T-1; logits (T or 1, vocab) float32."""
+        cfg, c = self.cfg, self.cache
+        T = tokens.shape[0]
+        if start + T > self.n_ctx:
+            raise ValueError(f"context full: {start + T} tokens > n_ctx {self.n_ctx}")
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+        h = self.embed(tokens)
+        for i in range(cfg.n_layers):
+            a = self.rt.rmsnorm(h, self.p.attn_norm[i], cfg.rms_eps)
+            q, k, v = self.qkv(i, a)
+            q = apply_rope(q.view(T, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_style)
+            k = apply_rope(k.view(T, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_style)
+            c.k[i, start:start + T] = k.to(c.k.dtype)
+            c.v[i, start:start + T] = v.view(T, cfg.n_kv_heads, cfg.head_dim).to(c.v.dtype)
+            o = self.rt._run(self.rt.attn_prefill, q, c.k[i, :start + T], c.v[i, :start + T], start)
+            h = h + self.rt.linear(self.p.layers[i].o, self.rt.produce(o) if T >= PREFILL_ROWS else o)
+            h = h + self.ffn(i, self.rt.rmsnorm(h, self.p.ffn_norm[i], cfg.rms_eps))
+        return self.head(h if all_logits else h[-1:])
+
+    def decode_step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One token (1,) at position pos (1,) int64, both on the device; logits (1, vocab).
+
+        Reads no host value of ``pos``, so the step can be captured as a CUDA graph.
+        """
+        cfg, c = self.cfg, self.cache
+        cos, sin = self.cos[pos], self.sin[pos]
+        n_valid = (pos + 1).to(torch.int32).reshape(())
+        h = self.embed(token)
+        for i in range(cfg.n_layers):
+            a = rmsnorm(h, self.p.attn_norm[i], cfg.rms_eps)
+            q, k, v = self.qkv(i, a)
+            q = apply_rope(q.view(1, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_style)
+            k = apply_rope(k.view(1, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_style)
+            c.k[i].index_copy_(0, pos, k.to(c.k.dtype))
+            c.v[i].index_copy_(0, pos, v.view(1, cfg.n_kv_heads, cfg.head_dim).to(c.v.dtype))
+            o = self.rt._run(self.rt.attn_decode, q[0], c.k[i], c.v[i], n_valid)
+            h = h + self.rt.linear(self.p.layers[i].o, o.view(1, -1))
+            h = h + self.ffn(i, rmsnorm(h, self.p.ffn_norm[i], cfg.rms_eps))
+        return self.head(h)

@@ -1,0 +1,79 @@
+"""The built-in reference backend: plain dequantize + torch ops, on CPU or GPU.
+
+It is registered by the core under the name ``reference``, cannot be blocked, offers a kernel for
+every matmul and attention, and is the oracle every other kernel is tested against. Its matmul
+dequantizes a weight to float32 the first time it runs and keeps that copy in
+``weight.planes['reference.f32']``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .dequant import dequantize
+from .hookspecs import hookimpl
+from .weights import Activation, Candidate, Weight
+
+NAME = "reference"
+
+
+def dense(weight: Weight) -> torch.Tensor:
+    """The weight as float32 ``(n_out, n_in)``."""
+    return dequantize(weight.raw, weight.qtype, weight.n_in)
+
+
+def _matmul_fn(weight: Weight):
+    def fn(x) -> torch.Tensor:
+        if isinstance(x, Activation):
+            x = x.f32 if x.f32 is not None else x.plane.float()
+        w = weight.planes.get("reference.f32")
+        if w is None:  # first call (prefill and decode share the copy)
+            w = weight.planes["reference.f32"] = dense(weight)
+        y = x @ w.T
+        return y + weight.bias if weight.bias is not None else y
+
+    return fn
+
+
+def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal GQA attention: q (T, H, D), k/v (start+T, Hkv, D) -> (T, H*D) float32."""
+    T, H, D = q.shape
+    rep = H // k.shape[1]
+    qh = q.transpose(0, 1).float()
+    kh = k.transpose(0, 1).float().repeat_interleave(rep, 0)
+    vh = v.transpose(0, 1).float().repeat_interleave(rep, 0)
+    if start == 0:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+    else:
+        i = torch.arange(T, device=q.device)[:, None] + start
+        mask = torch.arange(start + T, device=q.device)[None, :] <= i
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    return o.transpose(0, 1).reshape(T, H * D)
+
+
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+    """One query over the whole cache, masked by ``n_valid`` on the device: (H, D) -> (H*D,)."""
+    H, D = q.shape
+    n_ctx, Hkv, _ = k_cache.shape
+    rep = H // Hkv
+    qg = q.float().view(Hkv, rep, D)
+    scores = torch.einsum("grd,ngd->grn", qg, k_cache.float()) / math.sqrt(D)
+    valid = torch.arange(n_ctx, device=q.device) < n_valid
+    scores = scores.masked_fill(~valid, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return torch.einsum("grn,ngd->grd", p, v_cache.float()).reshape(H * D)
+
+
+@hookimpl
+def minfer_matmul_candidates(weight, phase, ctx):
+    label = f"ref.{weight.qtype.name.lower()}"
+    return [Candidate(NAME, label, _matmul_fn(weight))]
+
+
+@hookimpl
+def minfer_attention_candidates(phase, ctx):
+    fn = attention_decode if phase == "decode" else attention_prefill
+    return [Candidate(NAME, f"ref.attn.{phase}", fn)]
