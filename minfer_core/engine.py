@@ -6,6 +6,7 @@ a new prompt that starts with the tokens already in the cache only prefills what
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,10 @@ class Engine:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0)
+
+    @property
+    def n_params(self) -> int:
+        return sum(math.prod(e.shape) for e in self.gf.tensors.values())
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,76 @@
+"""Throughput measurement the way llama-bench does it: ``ppN`` (a prompt of N random tokens
+processed from an empty cache) and ``tgN`` (N tokens decoded one at a time), each repeated after a
+warm-up, load time excluded."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine import Engine
+
+
+@dataclass
+class BenchResult:
+    test: str
+    n_tokens: int
+    samples_ts: list[float] = field(default_factory=list)
+
+    @property
+    def avg_ts(self) -> float:
+        return statistics.fmean(self.samples_ts)
+
+    @property
+    def stddev_ts(self) -> float:
+        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+
+
+def _sync(engine: Engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def _random_ids(engine: Engine, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, engine.cfg.vocab_size, (n,), generator=g).tolist()
+
+
+def time_prompt(engine: Engine, n: int, seed: int = 0) -> float:
+    ids = _random_ids(engine, n, seed)
+    engine.reset()
+    _sync(engine)
+    t0 = time.perf_counter()
+    engine.prefill(ids)
+    _sync(engine)
+    return time.perf_counter() - t0
+
+
+def time_gen(engine: Engine, n: int, seed: int = 0) -> float:
+    ids = _random_ids(engine, n, seed)
+    engine.reset()
+    _sync(engine)
+    t0 = time.perf_counter()
+    for t in ids:
+        engine.decode(t)
+    _sync(engine)
+    return time.perf_counter() - t0
+
+
+def run_test(engine: Engine, kind: str, n: int, reps: int) -> BenchResult:
+    fn = time_prompt if kind == "pp" else time_gen
+    fn(engine, n, seed=12345)  # warm-up (and CUDA graph capture)
+    res = BenchResult(f"{kind}{n}", n)
+    for r in range(reps):
+        res.samples_ts.append(n / fn(engine, n, seed=r))
+    return res
+
+
+def gpu_memory(engine: Engine) -> dict[str, float]:
+    """GiB allocated now and at peak since the last reset (CUDA only)."""
+    if engine.device.type != "cuda":
+        return {}
+    return {"allocated_gib": torch.cuda.memory_allocated(engine.device) / 2**30,
+            "peak_gib": torch.cuda.max_memory_allocated(engine.device) / 2**30}

@@ -1,0 +1,127 @@
+"""``minfer bench``: llama-bench's table (pp/tg throughput as mean ± stddev), optionally swept over gates."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from ..errors import UserError
+from .common import log
+
+ENGINE_OPTIONS = True
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"expected comma-separated integers, got '{s}'") from None
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="measure prompt processing and generation speed (llama-bench style)",
+                       description="For each -p N: process N random tokens from an empty cache; for each -n N: "
+                                   "generate N tokens one at a time. Each test runs once to warm up, then -r times; "
+                                   "load time is excluded. Prints a markdown table (or JSON) on stdout.")
+    p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
+    p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default: 512; 0 = none)")
+    p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default: 128; 0 = none)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default: 5)")
+    p.add_argument("-o", "--output", choices=("md", "json"), default="md", help="output format (default: md)")
+    p.add_argument("--config", action="append", default=[], metavar="SPEC",
+                   help="run under this configuration: 'default' or KEY=VALUE[,..] with MINFER_* env overrides, "
+                        "backend=NAME, plugin=no:NAME (repeatable; each loads the model anew)")
+    p.add_argument("--gates", action="store_true",
+                   help="A/B sweep: the default, then each of the six gates at \"0\", then MINFER_MMQ_A_FUSE=1")
+    p.add_argument("--memory", action="store_true", help="add GPU memory after load and at peak (GiB)")
+    return p
+
+
+def run(args) -> int:
+    from ..bench import gpu_memory, run_test
+    from ..cli import blocked_plugins
+    from ..configs import SWEEP, applied, parse_config
+    from ..engine import Engine
+    from ..fetch import resolve_model
+
+    if args.repetitions < 1:
+        raise UserError("-r must be at least 1")
+    tests = [("pp", n) for n in _ints(args.n_prompt) if n > 0] + [("tg", n) for n in _ints(args.n_gen) if n > 0]
+    if not tests:
+        raise UserError("nothing to run: give -p or -n")
+    specs = list(args.config) + (list(SWEEP) if args.gates else [])
+    configs = [parse_config(s) for s in (specs or ["default"])]
+    path = resolve_model(args.model)
+    n_ctx = max(n for _, n in tests) + 16
+    rows = []
+    for cfg in configs:
+        with applied(cfg):
+            engine = Engine.load(path, backend=cfg.backend or getattr(args, "backend", None),
+                                 policy=getattr(args, "policy", None),
+                                 blocked=blocked_plugins(args) + cfg.blocked, device=getattr(args, "device", None),
+                                 n_ctx=n_ctx, trace_plugins=getattr(args, "trace_plugins", False))
+        mem_load = gpu_memory(engine)
+        for kind, n in tests:
+            if engine.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(engine.device)
+            res = run_test(engine, kind, n, args.repetitions)
+            row = _row(engine, path, cfg.label, res)
+            if args.memory and mem_load:
+                row["mem_load_gib"] = mem_load["allocated_gib"]
+                row["mem_peak_gib"] = gpu_memory(engine)["peak_gib"]
+            rows.append(row)
+            log(f"bench: {cfg.label}: {res.test}: {row['avg_ts']:.2f} ± {row['stddev_ts']:.2f} t/s")
+        del engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if args.output == "json":
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _markdown(rows, args.memory)
+    return 0
+
+
+def _row(engine, path, config: str, res) -> dict:
+    labels = sorted({k.label for k in engine.plan.prefill.values()})
+    return {
+        "model": f"{engine.cfg.arch} {engine.cfg.name}",
+        "model_filename": str(path),
+        "size_gib": path.stat().st_size / 2**30,
+        "params_b": engine.n_params / 1e9,
+        "backend": _backend_label(engine),
+        "config": config,
+        "fuse_mode": engine.plan.fuse_mode,
+        "prefill_kernels": labels,
+        "test": res.test,
+        "n_tokens": res.n_tokens,
+        "avg_ts": res.avg_ts,
+        "stddev_ts": res.stddev_ts,
+        "samples_ts": res.samples_ts,
+        "device": torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu",
+    }
+
+
+def _backend_label(engine) -> str:
+    plugins = sorted({k.plugin for k in list(engine.plan.prefill.values()) + list(engine.plan.decode.values())})
+    graph = "+graph" if engine.plan.decode_step is not None else ""
+    return ",".join(plugins) + graph
+
+
+def _markdown(rows: list[dict], memory: bool) -> None:
+    head = ["model", "size", "params", "backend", "config", "test", "t/s"]
+    if memory:
+        head += ["mem load", "mem peak"]
+    print("| " + " | ".join(head) + " |")
+    print("| " + " | ".join("---" if h in ("model", "backend", "config") else "---:" for h in head) + " |")
+    for r in rows:
+        cells = [r["model"], f"{r['size_gib']:.2f} GiB", f"{r['params_b']:.2f} B", r["backend"], r["config"],
+                 r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"]
+        if memory:
+            cells += [f"{r.get('mem_load_gib', 0):.2f} GiB", f"{r.get('mem_peak_gib', 0):.2f} GiB"]
+        print("| " + " | ".join(cells) + " |")
+    if rows:
+        print(f"\npolicy: fuse mode {rows[0]['fuse_mode']} (first config); prefill kernels: "
+              + "; ".join(f"{r['config']}: {','.join(r['prefill_kernels'])}" for r in rows if r["test"].startswith("pp"))[:2000])

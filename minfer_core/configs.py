@@ -1,0 +1,60 @@
+"""Named run configurations for A/B commands (``bench --gates``, ``parity``).
+
+A configuration is ``default`` or comma-separated ``KEY=VALUE`` items: ``MINFER_*`` keys are
+environment overrides applied only while the engine loads (gates are resolved once, at load), and
+``backend=NAME`` / ``plugin=no:NAME`` choose plugins.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .errors import UserError
+from .gates import GATES
+
+#: The sweep ``bench --gates`` runs: the default, each gate off, and mode 1.
+SWEEP = ("default",) + tuple(f"{g}=0" for g in GATES) + ("MINFER_MMQ_A_FUSE=1",)
+
+
+@dataclass
+class RunConfig:
+    label: str
+    env: dict[str, str] = field(default_factory=dict)
+    backend: str | None = None
+    blocked: list[str] = field(default_factory=list)
+
+
+def parse_config(spec: str) -> RunConfig:
+    cfg = RunConfig(spec)
+    if spec in ("", "default"):
+        return cfg
+    for item in spec.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep:
+            raise UserError(f"configuration '{spec}': expected KEY=VALUE, got '{item}'")
+        if key.startswith("MINFER_"):
+            cfg.env[key] = value
+        elif key == "backend":
+            cfg.backend = value
+        elif key == "plugin" and value.startswith("no:"):
+            cfg.blocked.append(value[3:])
+        else:
+            raise UserError(f"configuration '{spec}': unknown key '{key}' (MINFER_*, backend, plugin=no:NAME)")
+    return cfg
+
+
+@contextmanager
+def applied(cfg: RunConfig):
+    """Set the configuration's environment for the duration of a load, then restore it."""
+    saved = {k: os.environ.get(k) for k in cfg.env}
+    os.environ.update(cfg.env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
