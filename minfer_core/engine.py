@@ -61,6 +61,7 @@ class Engine:
         self.plan, self.step, self.ctx = plan, step, ctx
         self.timings = Timings(load_s=load_s)
         self.cached: list[int] = []  # tokens whose K/V are in the cache, in order
+        self.last_prefill = 0
 
     @classmethod
     def load(cls, path, *, backend: str | None = None, policy: str | None = None, blocked: Iterable[str] = (),
@@ -110,6 +111,7 @@ class Engine:
         n = min(n, len(ids) - 1)  # re-run at least one token to get its logits
         new = torch.tensor(ids[n:], dtype=torch.long, device=self.device)
         self.cached = list(ids[:n])
+        self.last_prefill = len(new)  # tokens actually run (the rest came from the cache)
         logits = self.model.forward(new, n, all_logits=all_logits)
         self.cached = list(ids)
         return logits

@@ -55,8 +55,12 @@ def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: 
 
 
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
-    """One query over the whole cache, masked by ``n_valid`` on the device: (H, D) -> (H*D,)."""
+    """One query over the cache: (H, D) -> (H*D,). On the GPU the whole cache is read and masked by
+    ``n_valid`` on the device (capturable); on the CPU only the valid prefix is read."""
     H, D = q.shape
+    if not q.is_cuda:
+        n = int(n_valid)
+        k_cache, v_cache = k_cache[:n], v_cache[:n]
     n_ctx, Hkv, _ = k_cache.shape
     rep = H // Hkv
     qg = q.float().view(Hkv, rep, D)

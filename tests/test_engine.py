@@ -1,0 +1,127 @@
+"""End to end on the real models, CPU reference backend: agreement with llama.cpp, generation,
+chat KV reuse, sampling reproducibility, stop strings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minfer_core.engine import Engine
+from minfer_core.perplexity import perplexity
+from minfer_core.sampling import Sampler, SamplerConfig
+from minfer_core.session import ChatSession
+
+GREEDY = SamplerConfig(temp=0)
+GPL3 = Path("/usr/share/common-licenses/GPL-3")
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_path):
+    return Engine.load(qwen_path, backend="reference", device="cpu", n_ctx=1024)
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    return Engine.load(smollm_path, backend="reference", device="cpu", n_ctx=512)
+
+
+@pytest.mark.skipif(not GPL3.exists(), reason="needs /usr/share/common-licenses/GPL-3")
+def test_perplexity_within_one_percent_of_llama_cpp(qwen):
+    # llama-perplexity -m qwen2.5-coder-0.5b-instruct-q4_k_m.gguf -f <first 12,000 bytes of GPL-3> -c 512
+    # gives PPL 6.1921 over 4 windows (figure from the issue, measured with llama.cpp).
+    text = GPL3.read_bytes()[:12000].decode("utf-8", errors="ignore")
+    res = perplexity(qwen, text, 512)
+    assert res.n_windows == 4
+    assert res.n_scored == 4 * 255
+    assert abs(res.ppl - 6.1921) / 6.1921 < 0.01, res.ppl
+    assert 0 < res.err < res.ppl
+
+
+def _chat_ids(engine, user: str) -> list[int]:
+    text = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    return engine.tok.encode(text, add_special=True, parse_special=True)
+
+
+def test_greedy_qwen_answers_the_question(qwen):
+    qwen.reset()
+    out = qwen.generate(_chat_ids(qwen, "Write a Python function that returns the sum of a list."), 48, GREEDY)
+    assert "def " in out.text and "sum" in out.text, out.text
+
+
+def test_greedy_smollm_llama_arch(smollm):
+    smollm.reset()
+    ids = smollm.tok.encode("The capital of France is", add_special=True)
+    out = smollm.generate(ids, 8, GREEDY)
+    assert "Paris" in out.text, out.text
+
+
+def test_incremental_decode_matches_full_forward(smollm):
+    ids = smollm.tok.encode("One, two, three, four, five, six, seven, eight, nine", add_special=True)
+    smollm.reset()
+    full = smollm.prefill(ids, all_logits=True)
+    smollm.reset()
+    smollm.prefill(ids[:4])
+    steps = [smollm.decode(t) for t in ids[4:]]
+    for i, logits in enumerate(steps[:-1]):
+        ref = full[4 + i]
+        assert torch.allclose(logits, ref, atol=2e-3, rtol=1e-3), (i, (logits - ref).abs().max())
+
+
+def test_chat_reuses_cache_and_equals_fresh_run(qwen):
+    qwen.reset()
+    chat = ChatSession(qwen, system="You are a terse assistant.", sampling=GREEDY)
+    chat.send("Name one prime number.", n_predict=16)
+    before = len(qwen.cached)
+    second = chat.send("And one more?", n_predict=16)
+    # only the new turn was prefilled: the first turn's tokens came from the cache
+    assert qwen.last_prefill < 30 and before > 30, (qwen.last_prefill, before)
+    # the same conversation from an empty cache gives the same greedy reply
+    chat.messages.pop()  # back to the conversation as it stood before the second reply
+    fresh_ids = chat.prompt_ids()
+    qwen.reset()
+    fresh = qwen.generate(fresh_ids, 16, GREEDY)
+    assert qwen.last_prefill == len(fresh_ids)
+    assert fresh.tokens == second.tokens
+
+
+def test_seed_reproduces_sampling(smollm):
+    ids = smollm.tok.encode("Once upon a time", add_special=True)
+    cfg = SamplerConfig(temp=1.0, top_k=50, top_p=0.95, min_p=0.0, seed=1234)
+    runs = []
+    for seed in (1234, 1234, 99):
+        smollm.reset()
+        cfg.seed = seed
+        runs.append(smollm.generate(ids, 12, cfg).tokens)
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_stop_string_ends_generation_and_is_not_emitted(smollm):
+    smollm.reset()
+    ids = smollm.tok.encode("1, 2, 3, 4, 5,", add_special=True)
+    free = smollm.generate(ids, 12, GREEDY)
+    assert " 7" in free.text, free.text
+    smollm.reset()
+    seen = []
+    out = smollm.generate(ids, 12, GREEDY, stop=[" 7"], on_text=seen.append)
+    assert out.stop_reason == "stop"
+    assert out.text == free.text[: free.text.index(" 7")]
+    assert "".join(seen) == out.text
+
+
+def test_sampler_filters():
+    logits = torch.tensor([5.0, 4.0, 1.0, -3.0])
+    assert Sampler(SamplerConfig(temp=0))(logits) == 0
+    # top_k=1 leaves only the best token, whatever the temperature and seed
+    assert {Sampler(SamplerConfig(temp=5.0, top_k=1, seed=s))(logits) for s in range(20)} == {0}
+    # min_p=0.5 keeps tokens with p >= 0.5 * p_max: softmax -> [0.72, 0.27, ...]: only token 0 survives
+    assert {Sampler(SamplerConfig(temp=1.0, top_k=0, top_p=1.0, min_p=0.5, seed=s))(logits) for s in range(20)} == {0}
+    # top_p=0.9 keeps tokens 0 and 1 (0.72 < 0.9, 0.72+0.27 >= 0.9)
+    picks = {Sampler(SamplerConfig(temp=1.0, top_k=0, top_p=0.9, min_p=0.0, seed=s))(logits) for s in range(200)}
+    assert picks == {0, 1}
+    # repeat penalty pushes a seen token below the next one
+    assert Sampler(SamplerConfig(temp=0, repeat_penalty=2.0))(torch.tensor([5.0, 4.0]), history=[0]) == 1
+    with pytest.raises(ValueError):
+        SamplerConfig(top_p=0.0)
