@@ -1,0 +1,108 @@
+"""The ``minfer`` command as a user meets it: bad input ends in one line and status 2, results on
+stdout, logs on stderr."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from test_config import build  # tiny synthesized models (tests/test_config.py)
+from test_gguf_file import patch_tensor_info
+
+
+def minfer(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minfer_core.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    assert res.stdout == ""
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("tiny"))
+
+
+def test_help_explains_commands():
+    res = minfer("--help")
+    assert res.returncode == 0
+    for cmd in ("run", "chat", "perplexity", "bench", "tokenize", "gates", "plugins", "pull", "synth"):
+        assert cmd in res.stdout
+
+
+def test_run_tiny_model_end_to_end(tiny):
+    res = minfer("--backend", "reference", "run", "-m", str(tiny), "-p", "ab", "-n", "4", "--temp", "0",
+                 "--trace-dispatch")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("ab")
+    assert "ref.q8_0" in res.stderr  # dispatch labels go to stderr
+
+
+def test_not_gguf(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("hello, this is not a model\n")
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p))
+
+
+def test_missing_file(tmp_path):
+    p = tmp_path / "nope.gguf"
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p))
+
+
+def test_truncated(tmp_path, tiny):
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(tiny.read_bytes()[: tiny.stat().st_size // 2])
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "truncated")
+
+
+def test_unknown_tensor_type(tmp_path, tiny):
+    p = tmp_path / "badtype.gguf"
+    p.write_bytes(tiny.read_bytes())
+    patch_tensor_info(p, "blk.0.attn_q.weight", type_id=99)
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "blk.0.attn_q.weight")
+
+
+def test_missing_key(tmp_path):
+    p = build(tmp_path, edit=lambda md, ts: md.pop("qwen2.block_count"))
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "qwen2.block_count")
+
+
+def test_wrong_shape(tmp_path):
+    def edit(md, ts):
+        i = next(i for i, t in enumerate(ts) if t[0] == "blk.1.attn_k.weight")
+        ts[i] = ("blk.1.attn_k.weight", QT.Q8_0, (64, 256))
+    p = build(tmp_path, edit=edit)
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "blk.1.attn_k.weight")
+
+
+def test_unsupported_architecture(tmp_path):
+    p = build(tmp_path, "gpt2")
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "gpt2")
+
+
+def test_bad_flags(tiny):
+    assert_one_line_error(minfer("run", "-m", str(tiny), "-p", "x", "--top-p", "0"), "top-p")
+    assert_one_line_error(minfer("--backend", "nosuch", "run", "-m", str(tiny), "-p", "x"), "nosuch")
+    assert_one_line_error(minfer("-p", "cuda_graphs", "run", "-m", str(tiny), "-p", "x"), "no:NAME")
+
+
+def test_tokenize_prints_llama_cpp_ids(qwen_path):
+    res = minfer("tokenize", "-m", str(qwen_path), "Hello, world!")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == [9707, 11, 1879, 0]
+
+
+def test_pull_prints_cached_path(smollm_path):
+    res = minfer("pull", "smollm2-135m")
+    assert res.returncode == 0 and res.stdout.strip() == str(smollm_path)
