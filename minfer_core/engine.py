@@ -66,7 +66,7 @@ class Engine:
     @classmethod
     def load(cls, path, *, backend: str | None = None, policy: str | None = None, blocked: Iterable[str] = (),
              device: str | None = None, n_ctx: int = 4096, trace_plugins: bool = False,
-             trace_dispatch: bool = False) -> "Engine":
+             trace_dispatch: bool = False, progress: bool = True) -> "Engine":
         t0 = time.perf_counter()
         path = Path(path)
         gf = open_gguf(path)
@@ -76,7 +76,7 @@ class Engine:
         pol = load_policy(policy)
         pm = get_plugin_manager(blocked=blocked, trace=trace_plugins)
         ctx = make_context(dev, pol, trace=trace_dispatch)
-        weights = weights_from_file(gf, cfg, dev)
+        weights = weights_from_file(gf, cfg, dev, progress=progress)
         plan = build_plan(weights, ctx, pm, pol, backend)
         params = load_params(gf, cfg, weights, dev)
         n_ctx = min(n_ctx, cfg.ctx_len) if n_ctx > 0 else cfg.ctx_len

@@ -3,11 +3,13 @@ the small f32 tensors (norms), on the compute device."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
+from tqdm import tqdm
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile, ModelFileError, TensorEntry
@@ -77,10 +79,17 @@ def _raw_rows(e: TensorEntry, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(arr).to(device)
 
 
-def weights_from_file(f: GGUFFile, cfg: ModelConfig, device: torch.device | None = None) -> list[Weight]:
-    """The matmul weights in model order. With ``device=None`` no data is read (``raw`` is None)."""
+def weights_from_file(f: GGUFFile, cfg: ModelConfig, device: torch.device | None = None,
+                      progress: bool = False) -> list[Weight]:
+    """The matmul weights in model order. With ``device=None`` no data is read (``raw`` is None).
+    ``progress`` shows a bar (stderr) while the bytes move to the device."""
     weights = []
-    for name, role, entries, biases in _plan_weights(f, cfg):
+    plan = list(_plan_weights(f, cfg))
+    total = sum(e.n_bytes for _, _, entries, _ in plan for e in entries)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="load", file=sys.stderr, leave=False,
+               disable=not progress or device is None)
+    for name, role, entries, biases in plan:
+        bar.update(sum(e.n_bytes for e in entries))
         n_out = sum(e.shape[0] for e in entries)
         raw = bias = None
         if device is not None:
@@ -92,6 +101,7 @@ def weights_from_file(f: GGUFFile, cfg: ModelConfig, device: torch.device | None
                     for e, b in zip(entries, biases)
                 ])
         weights.append(Weight(name, entries[0].qtype, (n_out, entries[0].shape[1]), raw, role, bias))
+    bar.close()
     return weights
 
 
