@@ -1,0 +1,3 @@
+"""minfer plugin: Triton matmuls over quantized GGUF weights (see ``plugin`` for the hooks)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,169 @@
+"""Gate-driven choices made once at load time: what registration builds and which prefill kernel
+serves a weight. Gates come only from ``ctx.gates`` (resolved by the core); nothing here reads
+the environment, and the callables handed out make no decisions beyond the row count.
+
+Routes (prefill, 16 or more rows):
+
+=========  ===========================================================  ======================
+route      when                                                         label
+=========  ===========================================================  ======================
+(none)     ``MINFER_MMQ`` off, or a type this plugin does not serve     -
+w16        ``MINFER_MMQ_RAW`` off: a bf16 copy built at registration    ``mmq.raw_off.<type>``
+nb         ``MINFER_MMQ_RAW_NB`` on and q4_K, or q6_K with ``Q6K_NB``   ``mmq.nb.<type>``
+           ... with its plane builder off (``Q4K_DSC``/``Q6K_EXP``)     ``mmq.nb.raw.<type>``
+generic    every other served type (and q4_K/q6_K when ``nb`` is off)   ``mmq.generic.<type>``
+=========  ===========================================================  ======================
+
+``mmq.nb.raw.*`` keeps the plane family's contract (it reads the activation plane) but expands
+raw blocks, decoding the packed scales in the kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gguf import GGMLQuantizationType as QT
+
+from minfer_core.weights import Activation, Candidate, LoadContext, Weight
+
+from . import planes
+
+PLUGIN = "mmq_triton"
+#: Types with a prefill kernel here (the generic kernel reads all of them from raw blocks).
+SERVED = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+_BUILDER_GATE = {QT.Q4_K: "MINFER_MMQ_Q4K_DSC", QT.Q6_K: "MINFER_MMQ_Q6K_EXP"}
+
+
+def gate_on(ctx: LoadContext, name: str) -> bool:
+    """A resolved on/off gate; a gate the core did not resolve counts as on (the default)."""
+    return bool(ctx.gates.get(name, True))
+
+
+def route(weight: Weight, ctx: LoadContext) -> Optional[str]:
+    """``None``, ``"w16"``, ``"nb"`` or ``"generic"`` for this weight's prefill matmul."""
+    if not gate_on(ctx, "MINFER_MMQ"):
+        return None
+    try:
+        qt = QT(weight.qtype)
+    except ValueError:
+        return None
+    if qt not in SERVED:
+        return None
+    if not gate_on(ctx, "MINFER_MMQ_RAW"):
+        return "w16"
+    if gate_on(ctx, "MINFER_MMQ_RAW_NB") and (
+            qt == QT.Q4_K or (qt == QT.Q6_K and gate_on(ctx, "MINFER_MMQ_Q6K_NB"))):
+        return "nb"
+    return "generic"
+
+
+def register(weight: Weight, ctx: LoadContext) -> None:
+    """Build what the weight's route reads: the bf16 copy (w16) or the plane (nb, builder on)."""
+    r = route(weight, ctx)
+    if r is None or weight.raw is None:
+        return
+    qt = QT(weight.qtype)
+    if r == "w16":
+        weight.planes[planes.KEY_W16] = planes.build_w16(weight.raw, qt, weight.n_in)
+    elif r == "nb" and gate_on(ctx, _BUILDER_GATE[qt]):
+        key, build = planes.BUILDERS[qt]
+        plane = build(weight.raw, weight.n_in)
+        if plane is None:
+            ctx.notes.append(f"mmq_triton: {weight.name}: a scale overflows float16, "
+                             "its prefill reads raw blocks")
+            return
+        weight.planes[key] = plane
+        if getattr(ctx, "drop_raw", False):  # proposed LoadContext flag; absent today
+            weight.drop_raw()
+
+
+def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candidate]]:
+    """The one kernel this plugin offers for the weight's prefill matmul, per its route.
+
+    The label depends on the gates alone (the core may plan without registering weights); the
+    callable finds what registration built when it runs.
+    """
+    r = route(weight, ctx)
+    if r is None:
+        return None
+    from . import scratch
+    scratch.probe(ctx.device)  # resolve the cuBLAS entry point now, not in the first forward
+    qt = QT(weight.qtype)
+    name = qt.name.lower()
+    if r == "w16":
+        return [Candidate(PLUGIN, f"mmq.raw_off.{name}", _w16_fn(weight), "MINFER_MMQ_RAW")]
+    if r == "nb":
+        gate = "MINFER_MMQ_Q6K_NB" if qt == QT.Q6_K else "MINFER_MMQ_RAW_NB"
+        label = f"mmq.nb.{name}" if gate_on(ctx, _BUILDER_GATE[qt]) else f"mmq.nb.raw.{name}"
+        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, ("plane",))]
+    return [Candidate(PLUGIN, f"mmq.generic.{name}", _raw_fn(weight), "MINFER_MMQ", ("f32",))]
+
+
+def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]]:
+    """Fused RMSNorm/SwiGLU for fuse modes 1 and 2; the prepass when ``A_TRANSPOSE`` is on."""
+    if not gate_on(ctx, "MINFER_MMQ") or not gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE"):
+        return None
+    from . import producers
+    if kind == "prepass":
+        return [Candidate(PLUGIN, "mmq.prepass", producers.prepass, "MINFER_MMQ_A_TRANSPOSE")]
+    mode = int(ctx.fuse_mode)
+    if mode not in (1, 2):
+        return None
+    write_f32 = mode == 1
+    if kind == "rmsnorm":
+        def fn(x, w, eps):
+            return producers.rmsnorm(x, w, eps, write_f32)
+    elif kind == "swiglu":
+        def fn(gu):
+            return producers.swiglu(gu, write_f32)
+    else:
+        return None
+    return [Candidate(PLUGIN, f"mmq.fuse{mode}.{kind}", fn, "MINFER_MMQ_A_FUSE")]
+
+
+# -- the callables ------------------------------------------------------------------------------
+
+def _w16_fn(weight: Weight):
+    from .scratch import bf16_rows, mm_f32
+
+    def fn(act: Activation):
+        return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias)
+    return fn
+
+
+def _raw_fill(weight: Weight):
+    from .gemm_generic import dequant_raw
+
+    def fill(out, r0, r1):
+        return dequant_raw(weight.raw, weight.qtype, weight.n_in, out, r0, r1)
+    return fill
+
+
+def _plane_fn(weight: Weight):
+    """Plane family: the fused GEMM for few rows, else expand + cuBLAS; raw blocks when no plane
+    was built (builder gate off, or a float16 overflow)."""
+    from . import gemm_planes
+    from .scratch import bf16_rows, jit_matmul
+    n, k = weight.n_out, weight.n_in
+    key = planes.BUILDERS[QT(weight.qtype)][0]
+    raw_fill = _raw_fill(weight)
+
+    def fn(act: Activation):
+        a = bf16_rows(act)
+        plane = weight.planes.get(key)
+        if plane is None:
+            return jit_matmul(a, n, k, weight.bias, raw_fill)
+        if gemm_planes.use_fused(a.shape[0], n, k):
+            return gemm_planes.gemm_fused(a, plane, weight.bias)
+        return jit_matmul(a, n, k, weight.bias,
+                          lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1))
+    return fn
+
+
+def _raw_fn(weight: Weight):
+    from .scratch import bf16_rows, jit_matmul
+    fill = _raw_fill(weight)
+
+    def fn(act: Activation):
+        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill)
+    return fn

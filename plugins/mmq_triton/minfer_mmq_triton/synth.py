@@ -1,0 +1,26 @@
+"""Random, well-scaled GGUF blocks on any device (benchmarks and GPU tests; not an oracle)."""
+
+from __future__ import annotations
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+
+#: byte offsets of each type's float16 scale fields inside a block
+F16_FIELDS = {
+    QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
+    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+}
+
+
+def random_raw(qtype: QT, n: int, k: int, device, seed: int = 0) -> torch.Tensor:
+    """uint8 ``(n, row_bytes)``: random quant bits; float16 scales of magnitude 2^-10..2^-6."""
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    g = torch.Generator(device=device).manual_seed(seed)
+    blocks = torch.randint(0, 256, (n * k // bs, ts), dtype=torch.uint8, device=device, generator=g)
+    for at in F16_FIELDS[qtype]:
+        u = torch.rand(blocks.shape[0], device=device, generator=g)
+        mag = torch.exp2(-10 + 4 * u)
+        if at == 0 and qtype not in (QT.Q4_K, QT.Q5_K):
+            mag = mag * torch.where(torch.rand_like(u) < 0.5, -1.0, 1.0)
+        blocks[:, at:at + 2] = mag.to(torch.float16).view(torch.uint8).view(-1, 2)
+    return blocks.view(n, -1)

@@ -1,0 +1,125 @@
+"""Prefill matmuls against gguf's dequantizer + a float64 GEMM, for every served type.
+
+Tolerance: activations and weights are rounded to bfloat16 (8 significant bits) and products are
+summed in float32, so each term carries a relative error of ~2^-8 with random sign; the result's
+Frobenius error relative to ||ref|| stays near 2^-8 / sqrt(2) ~ 3e-3 regardless of K. Bounds:
+Frobenius 1e-2, max |y - ref| <= 2e-2 * max |ref|. Raw-block expansion is checked on its own
+against the oracle with the bf16 storage bounds of test_mmq_planes (6e-3 / 1e-2).
+The CPU interpreter runs tiny shapes; ``-m cuda`` runs the real layouts at M up to 3314.
+"""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from mmq_synth import oracle, rel_err
+
+SERVED = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+KQ = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _weight(qt, n, k, seed=0, bias=True):
+    from minfer_core.weights import Weight
+    from minfer_mmq_triton.synth import random_raw
+
+    raw = random_raw(qt, n, k, DEV, seed)
+    b = torch.randn(n, device=DEV) if bias else None
+    return Weight(f"t.{qt.name}", qt, (n, k), raw, "o", b)
+
+
+def _check(y, x, w, n):
+    ref = x.double().cpu() @ oracle(w.raw, w.qtype, w.n_in).double().T
+    if w.bias is not None:
+        ref += w.bias.double().cpu()
+    assert y.shape == (x.shape[0], n) and y.dtype == torch.float32
+    fro, mx = rel_err(y, ref)
+    assert fro < 1e-2 and mx < 2e-2, (fro, mx)
+
+
+@pytest.mark.parametrize("qt", SERVED)
+def test_dequant_raw_kernel(qt):
+    from minfer_mmq_triton.gemm_generic import dequant_raw
+
+    n, k = 24, 512 if qt in KQ else 288  # 288 = 9 legacy blocks: a partial 256-value tile
+    w = _weight(qt, n, k, seed=11)
+    out = torch.full((n, k), float("nan"), dtype=torch.bfloat16, device=DEV)
+    dequant_raw(w.raw, qt, k, out)
+    fro, mx = rel_err(out, oracle(w.raw, qt, k))
+    assert fro < 6e-3 and mx < 1e-2, (fro, mx)
+
+
+def _candidate(w, ctx):
+    from minfer_mmq_triton import routes
+
+    routes.register(w, ctx)
+    (c,) = routes.prefill_candidates(w, ctx)
+    return c
+
+
+@pytest.mark.parametrize("qt", SERVED)
+@pytest.mark.parametrize("m", [16, 17])
+def test_prefill_candidate_small(qt, m, make_ctx):
+    from minfer_core.weights import Activation
+
+    n, k = 40, 512 if qt in KQ else 288
+    w = _weight(qt, n, k, seed=m)
+    c = _candidate(w, make_ctx())
+    x = torch.randn(m, k, device=DEV)
+    _check(c.fn(Activation(x)), x, w, n)
+    _check(c.fn(Activation(x, x.to(torch.bfloat16))), x, w, n)
+    _check(c.fn(Activation(None, x.to(torch.bfloat16))), x, w, n)  # fuse mode 2: plane only
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
+def test_plane_family_both_designs(qt, monkeypatch, make_ctx):
+    """The fused GEMM and the just-in-time path agree with the oracle (forced each way)."""
+    from minfer_core.weights import Activation
+    from minfer_mmq_triton import gemm_planes
+
+    n, k, m = 48, 512, 17
+    w = _weight(qt, n, k, seed=2)
+    c = _candidate(w, make_ctx())
+    assert c.label == f"mmq.nb.{qt.name.lower()}" and c.reads == ("plane",)
+    x = torch.randn(m, k, device=DEV)
+    for fused in (False, True):
+        monkeypatch.setattr(gemm_planes, "use_fused", lambda m, n, k, f=fused: f)
+        _check(c.fn(Activation(x)), x, w, n)
+
+
+def test_jit_matmul_row_chunks(monkeypatch):
+    """Weights above the scratch cap are expanded and multiplied in row chunks."""
+    from minfer_mmq_triton import scratch
+    from minfer_mmq_triton.gemm_generic import dequant_raw
+
+    n, k, m = 40, 256, 16
+    w = _weight(QT.Q8_0, n, k, seed=4)
+    monkeypatch.setattr(scratch, "SCRATCH_MAX", 16 * k)  # 16 rows per chunk: 3 chunks
+    x = torch.randn(m, k, device=DEV)
+    y = scratch.jit_matmul(x.to(torch.bfloat16), n, k, w.bias,
+                           lambda o, r0, r1: dequant_raw(w.raw, w.qtype, k, o, r0, r1))
+    _check(y, x, w, n)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("qt", SERVED)
+@pytest.mark.parametrize("nk", [(1152, 896), (896, 4864), (4608, 3584), (3584, 18944)])
+def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):
+    from minfer_core.weights import Activation
+    from minfer_mmq_triton import gemm_planes
+
+    n, k = nk
+    if k % 256 and qt in KQ:
+        pytest.skip("K-quants need K % 256 == 0")
+    if k == 18944 and qt not in (QT.Q4_K, QT.Q6_K):
+        pytest.skip("the 7B down layout holds only q4_K/q6_K")
+    w = _weight(qt, n, k, seed=n)
+    c = _candidate(w, make_ctx())
+    wd = oracle(w.raw, qt, k).double().to(DEV)
+    for m in (16, 17, 100, 3314):
+        x = torch.randn(m, k, device=DEV)
+        ref = x.double() @ wd.T + w.bias.double()
+        for fused in (False, True) if qt in (QT.Q4_K, QT.Q6_K) else (False,):
+            monkeypatch.setattr(gemm_planes, "use_fused", lambda m, n, k, f=fused: f)
+            fro, mx = rel_err(c.fn(Activation(x)), ref)
+            assert fro < 1e-2 and mx < 2e-2, (m, fused, fro, mx)

@@ -1,0 +1,79 @@
+"""Planes: the documented layout (read back here with plain torch, from the docstring alone) must
+reproduce gguf's own dequantization; the plane-expanding kernels must match it too.
+
+Tolerances: plane scales are float16 (11 significant bits), so a plane read in float32 is within
+~2^-11 of the oracle (bound 1e-3 relative). A kernel writes bfloat16 (8 significant bits): the
+per-element error is <= 2^-8 relative with round-to-nearest (GPU) and <= 2^-7 with the CPU
+interpreter's truncation, hence Frobenius bound 6e-3 and max bound 1e-2 (relative to max |W|).
+"""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from mmq_synth import oracle, rel_err
+
+
+def read_q4k(p) -> torch.Tensor:
+    n, k = p.qs.shape[0], p.qs.shape[1] * 2
+    b = p.qs.reshape(n, k // 128, 64)
+    q = torch.cat([b & 15, b >> 4], dim=2).reshape(n, k).float()
+    s = p.sm[..., 0].float().repeat_interleave(32, dim=1)
+    m = p.sm[..., 1].float().repeat_interleave(32, dim=1)
+    return s * q - m
+
+
+def read_q6k(p) -> torch.Tensor:
+    n, k = p.ql.shape[0], p.ql.shape[1] * 2
+    b = p.ql.reshape(n, k // 128, 64)
+    lo = torch.cat([b & 15, b >> 4], dim=2).reshape(n, k)
+    h = p.qh.reshape(n, k // 256, 1, 64)
+    hi = torch.cat([(h >> (2 * f)) & 3 for f in range(4)], dim=2).reshape(n, k)
+    q = (lo | (hi << 4)).float() - 32
+    return p.sc.float().repeat_interleave(16, dim=1) * q
+
+
+READERS = {QT.Q4_K: read_q4k, QT.Q6_K: read_q6k}
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
+def test_plane_layout_matches_gguf(qt):
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.synth import random_raw
+
+    n, k = 33, 768
+    raw = random_raw(qt, n, k, "cpu", seed=3)
+    key, build = planes.BUILDERS[qt]
+    p = build(raw, k)
+    fro, mx = rel_err(READERS[qt](p), oracle(raw, qt, k))
+    assert fro < 1e-3 and mx < 1e-3, (fro, mx)
+    assert p.nbytes() * 8 / (n * k) == (5.0 if qt == QT.Q4_K else 7.0)
+
+
+def test_plane_builder_refuses_float16_overflow():
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.synth import random_raw
+
+    raw = random_raw(QT.Q4_K, 4, 256, "cpu", seed=1)
+    raw[0, 0:2] = torch.tensor([60000.0], dtype=torch.float16).view(torch.uint8)
+    raw[0, 4:16] = 0x3F  # every 6-bit scale 63: d * sc overflows float16
+    assert planes.build_q4k(raw, 256) is None
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
+def test_dequant_plane_kernel(qt):
+    from minfer_mmq_triton import gemm_planes, planes
+    from minfer_mmq_triton.synth import random_raw
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    n, k = 40, 512
+    raw = random_raw(qt, n, k, dev, seed=5)
+    p = planes.BUILDERS[qt][1](raw, k)
+    out = torch.full((n, k), float("nan"), dtype=torch.bfloat16, device=dev)
+    gemm_planes.dequant_plane(p, k, out)
+    fro, mx = rel_err(out, oracle(raw, qt, k))
+    assert fro < 6e-3 and mx < 1e-2, (fro, mx)
+    # a row slice lands in the right place
+    part = torch.full((7, k), float("nan"), dtype=torch.bfloat16, device=dev)
+    gemm_planes.dequant_plane(p, k, part, 30, 37)
+    assert torch.equal(part, out[30:37])

@@ -1,0 +1,114 @@
+"""Hook behaviour: gates -> routes, labels, what registration builds, producers, delegation."""
+
+import importlib.util
+
+import pluggy
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from minfer_core import hookspecs
+from minfer_core.weights import Weight
+
+
+def _w(qt, n=32, k=256):
+    from minfer_mmq_triton.synth import random_raw
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return Weight(f"w.{qt.name}", qt, (n, k), random_raw(qt, n, k, dev), "o")
+
+
+def _offer(w, ctx):
+    from minfer_mmq_triton import plugin
+
+    plugin.minfer_register_weight(weight=w, ctx=ctx)
+    cands = plugin.minfer_matmul_candidates(weight=w, phase="prefill", ctx=ctx)
+    return None if cands is None else cands[0].label
+
+
+def test_hooks_match_specs():
+    from minfer_mmq_triton import plugin
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.register(plugin)
+    pm.check_pending()
+
+
+@pytest.mark.parametrize("over,expect", [
+    ({}, {QT.Q4_K: "mmq.nb.q4_k", QT.Q6_K: "mmq.nb.q6_k", QT.Q8_0: "mmq.generic.q8_0", QT.Q5_K: "mmq.generic.q5_k"}),
+    ({"MINFER_MMQ": False}, {QT.Q4_K: None, QT.Q6_K: None, QT.Q8_0: None}),
+    ({"MINFER_MMQ_RAW": False}, {QT.Q4_K: "mmq.raw_off.q4_k", QT.Q5_0: "mmq.raw_off.q5_0"}),
+    ({"MINFER_MMQ_RAW_NB": False}, {QT.Q4_K: "mmq.generic.q4_k", QT.Q6_K: "mmq.generic.q6_k"}),
+    ({"MINFER_MMQ_Q6K_NB": False}, {QT.Q4_K: "mmq.nb.q4_k", QT.Q6_K: "mmq.generic.q6_k"}),
+    ({"MINFER_MMQ_Q4K_DSC": False}, {QT.Q4_K: "mmq.nb.raw.q4_k", QT.Q6_K: "mmq.nb.q6_k"}),
+    ({"MINFER_MMQ_Q6K_EXP": False}, {QT.Q4_K: "mmq.nb.q4_k", QT.Q6_K: "mmq.nb.raw.q6_k"}),
+])
+def test_gates_pick_labels(over, expect, make_ctx):
+    ctx = make_ctx(**over)
+    for qt, label in expect.items():
+        assert _offer(_w(qt), ctx) == label, (over, qt)
+
+
+def test_registration_builds_only_what_the_route_reads(make_ctx):
+    from minfer_mmq_triton import planes
+
+    w = _w(QT.Q4_K)
+    _offer(w, make_ctx())
+    assert set(w.planes) == {planes.KEY_Q4K} and w.raw is not None  # raw kept: others read it
+    for over in ({"MINFER_MMQ": False}, {"MINFER_MMQ_RAW_NB": False}, {"MINFER_MMQ_Q4K_DSC": False}):
+        w = _w(QT.Q4_K)
+        _offer(w, make_ctx(**over))
+        assert w.planes == {}, over
+    w = _w(QT.Q6_K)
+    _offer(w, make_ctx(MINFER_MMQ_RAW=False))
+    assert set(w.planes) == {planes.KEY_W16} and w.planes[planes.KEY_W16].dtype == torch.bfloat16
+
+
+def test_float_and_unserved_types_get_nothing(make_ctx):
+    w = Weight("f", QT.F16, (8, 32), torch.zeros(8, 64, dtype=torch.uint8), "o")
+    assert _offer(w, make_ctx()) is None
+    q3 = Weight("q3", QT.Q3_K, (8, 256), torch.zeros(8, 110, dtype=torch.uint8), "o")
+    assert _offer(q3, make_ctx()) is None
+
+
+def test_producers(make_ctx):
+    from minfer_mmq_triton import plugin
+
+    def labels(kind, **kw):
+        c = plugin.minfer_producer_candidates(kind=kind, ctx=make_ctx(**kw))
+        return None if c is None else c[0].label
+
+    assert labels("rmsnorm", fuse_mode=2) == "mmq.fuse2.rmsnorm"
+    assert labels("swiglu", fuse_mode=1) == "mmq.fuse1.swiglu"
+    assert labels("rmsnorm", fuse_mode=0) is None
+    assert labels("prepass", fuse_mode=0) == "mmq.prepass"
+    assert labels("prepass", fuse_mode=0, MINFER_MMQ_A_TRANSPOSE=False) is None
+    assert labels("swiglu", fuse_mode=2, MINFER_MMQ=False) is None
+    x = torch.randn(16, 64, device=make_ctx().device)
+    act = plugin.minfer_producer_candidates(kind="rmsnorm", ctx=make_ctx(fuse_mode=2))[0].fn(
+        x, torch.ones(64, device=x.device), 1e-6)
+    assert act.f32 is None and act.plane.shape == (16, 64)
+
+
+def test_applicability(make_ctx, monkeypatch):
+    from minfer_core.weights import LoadContext
+    from minfer_mmq_triton import plugin
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert plugin.minfer_applicable(ctx=make_ctx(device="cpu")) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "compute capability" in plugin.minfer_applicable(ctx=make_ctx(device="cpu"))
+    old = LoadContext(torch.device("cuda"), (7, 5), {})
+    assert "7.5" in plugin.minfer_applicable(ctx=old)
+    assert plugin.minfer_applicable(ctx=LoadContext(torch.device("cuda"), (9, 0), {})) is None
+
+
+def test_decode_and_attention_delegation(make_ctx):
+    from minfer_mmq_triton import plugin
+
+    ctx = make_ctx()
+    if importlib.util.find_spec("minfer_mmq_triton.decode") is None:
+        assert plugin.minfer_matmul_candidates(weight=_w(QT.Q4_K), phase="decode", ctx=ctx) is None
+    if importlib.util.find_spec("minfer_mmq_triton.attention") is None:
+        assert plugin.minfer_attention_candidates(phase="decode", ctx=ctx) is None
