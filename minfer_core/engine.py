@@ -80,7 +80,9 @@ class Engine:
         plan = build_plan(weights, ctx, pm, pol, backend)
         params = load_params(gf, cfg, weights, dev)
         n_ctx = min(n_ctx, cfg.ctx_len) if n_ctx > 0 else cfg.ctx_len
-        kv_dtype = torch.float16 if dev.type == "cuda" else torch.float32
+        # f16 K/V for the GPU and for kernel plugins; the CPU reference keeps f32
+        plugin_attn = any(k.plugin != "reference" for k in plan.attention.values())
+        kv_dtype = torch.float16 if dev.type == "cuda" or plugin_attn else torch.float32
         rt = Runtime(plan, {w.name: w for w in weights})
         model = Transformer(cfg, params, rt, n_ctx, dev, kv_dtype)
         step = wrap_decode_step(model.decode_step, ctx, pm, pol, plan, backend)
