@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .config import ModelConfig, config_from_gguf
-from .dispatch import Plan, build_plan, make_context, wrap_decode_step
+from .dispatch import Plan, build_plan, check_backend, make_context, wrap_decode_step
 from .gguf_file import GGUFFile, open_gguf
 from .loader import load_params, weights_from_file
 from .model import Runtime, Transformer
@@ -76,6 +76,7 @@ class Engine:
         pol = load_policy(policy)
         pm = get_plugin_manager(blocked=blocked, trace=trace_plugins)
         ctx = make_context(dev, pol, trace=trace_dispatch)
+        check_backend(pm, ctx, backend)  # an impossible --backend fails before any data moves
         weights = weights_from_file(gf, cfg, dev, progress=progress)
         plan = build_plan(weights, ctx, pm, pol, backend)
         params = load_params(gf, cfg, weights, dev)

@@ -47,7 +47,8 @@ def minfer_register_weight(weight, ctx):
     build planes or caches and store them in ``weight.planes[<key>]`` (keys are prefixed with the
     plugin name). A plugin that replaces the raw bytes entirely may call
     ``weight.drop_raw()`` only when ``ctx`` says no other chosen kernel reads them.
-    Return value is ignored.
+    Return value is ignored. Not called when the core only plans (``minfer gates -m``, where
+    ``weight.raw`` is None): what a plugin offers must not depend on this hook having run.
     """
 
 
@@ -64,7 +65,8 @@ def minfer_matmul_candidates(weight, phase, ctx):
     in practice a single token). Return a list of :class:`~minfer_core.weights.Candidate`
     (possibly empty) or ``None`` for "nothing to offer". The core ranks every plugin's candidates
     by the policy's ordering for that phase and keeps the first; the reference backend is always
-    the last resort.
+    the last resort. A candidate whose ``reads`` contains ``"plane"`` consumes the activation
+    plane (prefill only); the fuse mode 2 is kept only when every chosen prefill kernel does.
     """
 
 
@@ -72,10 +74,13 @@ def minfer_matmul_candidates(weight, phase, ctx):
 def minfer_producer_candidates(kind, ctx):
     """Offer fused producer kernels for prefill activations.
 
-    ``kind`` is ``"rmsnorm"`` or ``"swiglu"``. A producer writes the activation plane the GEMMs
-    read (and the f32 activation unless the fuse mode is 2). Return a list of
-    :class:`~minfer_core.weights.Candidate` or ``None``. Only consulted when the resolved fuse
-    mode is 1 or 2.
+    ``kind`` is ``"rmsnorm"`` or ``"swiglu"`` (consulted only when the resolved fuse mode,
+    ``ctx.fuse_mode``, is 1 or 2), or ``"prepass"`` (consulted whenever a chosen prefill kernel
+    reads the activation plane and ``MINFER_MMQ_A_TRANSPOSE`` is on, whatever the fuse mode). A
+    producer writes the activation plane the GEMMs read (and the f32 activation unless the fuse
+    mode is 2) and returns an :class:`~minfer_core.weights.Activation`:
+    ``rmsnorm: fn(x, w, eps)``, ``swiglu: fn(gu)`` with ``gu = [gate | up]`` of shape ``(M, 2F)``,
+    ``prepass: fn(x)`` (always writes both). Return a list of Candidates or ``None``.
     """
 
 
@@ -83,9 +88,10 @@ def minfer_producer_candidates(kind, ctx):
 def minfer_fuse_mode(model, requested, ctx):
     """Veto or lower the producer fuse mode for this model.
 
-    Called once after registration with ``requested`` (0, 1 or 2, already degraded by the core
-    for plane-only and trace rules). Return ``None`` to accept it, or a lower integer with a
-    reason as ``(mode, reason)``. The lowest mode any plugin returns wins.
+    Called once after registration with ``requested`` (1 or 2, already degraded by the core
+    for plane-only, consumer and debug-reader rules; not called when that is 0). Return ``None``
+    to accept it, or a lower integer with a reason as ``(mode, reason)``. The lowest mode any
+    plugin returns wins. ``model`` is whatever the caller of ``build_plan`` passed (may be None).
     """
 
 

@@ -84,6 +84,7 @@ class LoadContext:
     gates: dict[str, Any]
     fuse_mode: int = 0
     trace: bool = False
+    mmq_off_reason: str = ""  # why the mmq path cannot run here ("" when it can); fallbacks read it
     notes: list[str] = field(default_factory=list)
 
     def gate_on(self, name: str) -> bool:
