@@ -1,0 +1,27 @@
+"""Hook implementations of the ``cuda_graphs`` plugin (the graph machinery is in ``graph``).
+
+Turn it off with ``-p no:cuda_graphs`` (blocks the plugin), ``MINFER_LOAD_PLUGINS`` without it,
+or a policy whose ``order.decode_step`` does not list it; decode then runs eagerly.
+"""
+
+from __future__ import annotations
+
+from minfer_core.hookspecs import hookimpl
+
+NAME = "cuda_graphs"
+
+
+@hookimpl
+def minfer_applicable(ctx):
+    import torch
+
+    if ctx.device.type != "cuda" or not torch.cuda.is_available():
+        return "needs a CUDA device (it captures CUDA work)"
+    return None
+
+
+@hookimpl
+def minfer_wrap_decode_step(step, ctx):
+    from .graph import graphed_step
+
+    return graphed_step(step, ctx.device)

@@ -1,0 +1,182 @@
+"""Decode matmuls (fewer than 16 activation rows): quantized GEMVs, one per GGUF type.
+
+``decode_candidates(weight, ctx)`` is what ``plugin.py`` returns from
+``minfer_matmul_candidates(weight, "decode", ctx)``. Each candidate's ``fn(x)`` takes float32
+``(M, K)`` (M = 1 .. 15) and returns float32 ``(M, N) = x @ W.T + bias``; it reads no gate, no
+environment and nothing on the host, so a decode step that calls it can be captured as a CUDA
+graph. Labels: ``mmq.gemv.<type>`` (e.g. ``mmq.gemv.q4_k``).
+
+Data read: q4_K / q5_K from ``weight.raw``; every other type from its decode plane
+(``gemv_pack``, built here once and kept in ``weight.planes[gemv_pack.KEY]``, the same bytes as
+the raw blocks). Which prefill planes exist never changes a decode result.
+
+Kernels: float GEMVs (``gemv_kquant``, ``gemv_legacy``; ~1e-7 of ``sum |x w|``) for every type,
+and for q4_K / q6_K weights of 16 MiB or more int8 dot products over a two-digit int8 copy of x
+(``gemv_q8dot``; ~1e-5). Short, wide matrices split the row over several programs
+(``gemv_split``, deterministic). :func:`decode_config` holds the measured choices.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from minfer_core.weights import Candidate, Weight
+
+from . import gemv_pack
+
+PLUGIN = "mmq_triton"
+MAX_ROWS = 15
+
+#: Kernel configs ``(BN rows per program, BB blocks per step, num_warps, MODE)``; MODE 0: float
+#: kernels summing per sub-block, 1: float kernels dequantizing with one FMA, 2: int8 dot products
+#: (``gemv_q8dot``, q4_K / q6_K only; it adds one small launch that quantizes x). The values are
+#: the winners of the H200 sweep (plugins/mmq_triton/tests/test_decode_bench.py --sweep,
+#: 2026-11-30) at the 7B / 0.5B shapes.
+KQUANT_FLOAT = (8, 2, 4, 0)  # num_warps 2 when a step is a single super-block (BB = 1)
+KQUANT_INT8 = {QT.Q4_K: (8, 2, 2, 2), QT.Q6_K: (32, 2, 4, 2)}
+INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
+INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
+LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
+#: Split-K (``gemv_split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays
+#: under TARGET_PROGRAMS and each split keeps MIN_STEPS steps (MIN_STEPS_TINY under 2 MiB, where
+#: latency dominates): short, wide matrices then fill the GPU.
+SPLIT_BELOW = 512
+TARGET_PROGRAMS = 4096
+MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
+
+SUPPORTED = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+KQUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def _pow2_divisor(nb: int, cap: int) -> int:
+    """The largest power of two <= cap dividing nb, or cap when that is under cap / 4 (masked tail)."""
+    bb = 1
+    while bb * 2 <= cap and nb % (bb * 2) == 0:
+        bb *= 2
+    return bb if bb * 4 >= cap or nb < cap else cap
+
+
+def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
+    """Splits of the row so that short, wide matrices still fill the GPU (see gemv_split)."""
+    blocks, steps, split = -(-n // bn), -(-nb // bb), 1
+    if blocks >= SPLIT_BELOW:
+        return 1
+    min_steps = MIN_STEPS_TINY if nbytes < (2 << 20) else MIN_STEPS
+    while blocks * split * 2 <= TARGET_PROGRAMS and steps / (split * 2) >= min_steps:
+        split *= 2
+    return split
+
+
+def decode_config(qtype, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """``(BN, BB, num_warps, MODE, SPLIT)`` for a weight of ``n`` rows and ``k`` columns."""
+    from minfer_core.quants import info
+
+    qt = QT(qtype)
+    nbytes = n * info(qt).row_bytes(k)
+    max_split = 64
+    if qt in KQUANTS:
+        nb = k // 256
+        if qt in KQUANT_INT8 and nbytes >= INT8_MIN_BYTES:
+            bn, cap, warps, mode = KQUANT_INT8[qt]
+            max_split = INT8_MAX_SPLIT[qt]
+        else:
+            bn, cap, warps, mode = KQUANT_FLOAT
+    else:
+        nb = k // 32
+        bn, cap, warps, mode = (LEGACY_SMALL if nbytes < (2 << 20) else
+                                LEGACY_MID if nbytes < (64 << 20) else LEGACY_BIG)
+    bb = _pow2_divisor(nb, cap)
+    if qt in KQUANTS and mode == 0 and bb == 1:
+        warps = 2
+    return bn, bb, warps, mode, min(max_split, auto_split(n, nb, bn, bb, nbytes))
+
+
+def prepare(weight: Weight):
+    """The data the GEMV reads: raw rows (q4_K/q5_K) or the decode plane (built once)."""
+    qt = QT(weight.qtype)
+    if qt in (QT.Q4_K, QT.Q5_K):
+        return weight.raw
+    plane = weight.planes.get(gemv_pack.KEY)
+    if plane is None:
+        if qt == QT.Q6_K:
+            plane = gemv_pack.pack_q6k(weight.raw, weight.n_in)
+        else:
+            plane = gemv_pack.pack_legacy(weight.raw, qt, weight.n_in)
+        weight.planes[gemv_pack.KEY] = plane
+    return plane
+
+
+def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
+              config: Optional[tuple] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn(x (M, K) f32) -> (M, n) f32`` over prepared ``data`` (see :func:`prepare`).
+
+    ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT]])``, default :func:`decode_config`."""
+    from . import gemv_kquant, gemv_legacy, gemv_q8dot, gemv_split  # kernels load lazily
+
+    qt = QT(qtype)
+    bn, bb, warps, *rest = config or decode_config(qt, n, k)
+    mode = rest[0] if rest else 0
+    deq = mode == 1
+    nb = k // (256 if qt in KQUANTS else 32)
+    split = rest[1] if len(rest) > 1 else decode_config(qt, n, k)[4]
+    scratch = gemv_split.SplitScratch(n, bn, split)
+    if mode == 2:
+        if qt not in (QT.Q4_K, QT.Q6_K):
+            raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
+        q6 = qt == QT.Q6_K
+
+        def run(x):
+            return gemv_q8dot.gemv_i8(x, data, q6, bias, bn, bb, warps, split, scratch)
+    elif qt in (QT.Q4_K, QT.Q5_K):
+        five = qt == QT.Q5_K
+
+        def run(x):
+            return gemv_kquant.gemv_q45k(x, data, five, bias, bn, bb, warps, deq, split, scratch)
+    elif qt == QT.Q6_K:
+        def run(x):
+            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch)
+    else:
+        name = qt.name.lower()
+
+        def run(x):
+            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.stride(-1) != 1:
+            x = x.float().contiguous()
+        return run(x)
+
+    fn.scratch = scratch  # split-K buffers (tests check the counters return to zero)
+    return fn
+
+
+def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
+    """The GEMV for this weight's type, or ``[]`` when the type is not covered.
+
+    The offer depends on the type only. With the bytes loaded, the decode plane is built now;
+    when the core only plans (``weight.raw`` is None) it would be built at the first call.
+    """
+    try:
+        qt = QT(weight.qtype)
+    except ValueError:
+        return []
+    block = 256 if qt in KQUANTS else 32
+    if qt not in SUPPORTED or weight.n_in % block:
+        return []
+    label = f"mmq.gemv.{qt.name.lower()}"
+    if weight.raw is None and (qt in (QT.Q4_K, QT.Q5_K) or gemv_pack.KEY not in weight.planes):
+        state: dict = {}
+
+        def lazy(x: torch.Tensor) -> torch.Tensor:
+            if "fn" not in state:
+                if weight.raw is None and gemv_pack.KEY not in weight.planes:
+                    raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
+                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in)
+            return state["fn"](x)
+
+        return [Candidate(PLUGIN, label, lazy)]
+    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in)
+    return [Candidate(PLUGIN, label, fn)]

@@ -1,0 +1,286 @@
+"""Decode GEMV over the K-quants (q4_K, q5_K, q6_K): ``y = x @ W.T (+ b)``, 256-value super-blocks.
+
+q4_K and q5_K are read straight from the GGUF rows (``weight.raw``): their blocks are 144 and 176
+bytes, so every field starts 16-byte aligned and the quant bytes load 16 at a time. The packed
+6-bit scales/mins are decoded in the kernel from three 32-bit words. q6_K blocks (210 bytes) are
+read from the aligned :class:`~minfer_mmq_triton.gemv_pack.Q6KDecodePlane` (same bytes).
+
+Tiles: one program owns ``BN`` output rows; a step covers ``BB`` super-blocks, split into
+``G = 4 * BB`` groups (q4_K/q5_K: a 64-value chunk, whose low nibbles are one 32-value sub-block
+and high nibbles the next; q6_K: a (128-half, 16-byte run) pair). Partial sums per (row, group)
+stay in registers and are scaled there; the row total is reduced once at the end.
+
+Integer-to-float as in ``gemv_legacy``: a ``b``-bit field ``u`` OR-ed under the float32 exponent
+of 1.0 is ``v = 1 + u / 2**b``; ``sum(u * x) = 2**b * (S - X)`` with ``S = sum(v x)``,
+``X = sum(x)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemv_split import SplitScratch, split_range, store_rows
+
+from .gemv_pack import Q6KDecodePlane
+
+ONE = tl.constexpr(0x3F800000)  # float32 1.0
+
+
+@triton.jit
+def _f16_lo(w):
+    """The float16 in the low half of int32 ``w``, as float32."""
+    return (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _k_scale_min(h1, h2, h3, j):
+    """6-bit scale and min of sub-block ``j`` (0..7) from the 12 packed bytes as words h1, h2, h3."""
+    sh = (j % 4) * 8
+    a = (h1 >> sh) & 0xFF  # byte j % 4 of bytes 0..3
+    b = (h2 >> sh) & 0xFF  # bytes 4..7
+    c = (h3 >> sh) & 0xFF  # bytes 8..11
+    low = j < 4
+    sc = tl.where(low, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = tl.where(low, b & 63, (c >> 4) | ((b >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _gemv_q45k_kernel(
+    # pointers: x, raw rows as bytes and as int32 words, bias, y
+    x_ptr, w8_ptr, w32_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    # sizes and strides (elements)
+    N, NB, stride_xm, stride_ym, n_blocks,
+    # meta
+    FIVE: tl.constexpr, TS: tl.constexpr, QS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """q4_K (FIVE=False) or q5_K. TS: block bytes (144 / 176), QS: offset of qs (16 / 48).
+    DEQ: dequantize each value with one FMA into a [BN, G, 32] accumulator (no per-step sums)
+    instead of scaling per-group sums. Grid (cdiv(N, BN), M)."""
+    G: tl.constexpr = 4 * BB
+    pid = tl.program_id(0)
+    s_id = tl.program_id(1)  # split of the row (see gemv_split)
+    xm = tl.program_id(2)
+    rows = pid * BN + tl.arange(0, BN)
+    rows_c = tl.minimum(rows, N - 1)
+    rb = rows_c.to(tl.int64) * NB  # first block of each row
+    g = tl.arange(0, G)
+    c = g % 4  # 64-value chunk within the block
+    gb = g // 4  # block within the step
+    b = tl.arange(0, 32)
+    x_row = x_ptr + xm * stride_xm
+    if DEQ:
+        acc = tl.zeros([BN, G, 32], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BN, G], dtype=tl.float32)
+    lo, hi = split_range(NB, s_id, SPLIT, BB)
+    for kb in range(lo, hi, BB):
+        blk = kb + gb  # [G]
+        gmask = blk < hi
+        # -- quant bytes [BN, G, 32]: byte b of chunk c holds values 64c+b (low) and 64c+32+b (high)
+        qp = w8_ptr + (rb * TS)[:, None, None] + (blk * TS + QS + c * 32)[None, :, None] + b[None, None, :]
+        xo = (blk * 256 + c * 64)[:, None] + b[None, :]
+        if EVEN:
+            q = tl.load(qp).to(tl.int32)
+            x_lo = tl.load(x_row + xo)
+            x_hi = tl.load(x_row + xo + 32)
+        else:
+            q = tl.load(qp, mask=gmask[None, :, None], other=0).to(tl.int32)
+            x_lo = tl.load(x_row + xo, mask=gmask[:, None], other=0.0)
+            x_hi = tl.load(x_row + xo + 32, mask=gmask[:, None], other=0.0)
+        if FIVE:  # bit 2c (low) / 2c+1 (high) of qh[b] is the fifth bit; v = 1 + u / 32
+            hp = w8_ptr + (rb * TS)[:, None, None] + (blk * TS + 16)[None, :, None] + b[None, None, :]
+            if EVEN:
+                qh = tl.load(hp).to(tl.int32)
+            else:
+                qh = tl.load(hp, mask=gmask[None, :, None], other=0).to(tl.int32)
+            qh = qh >> (2 * c)[None, :, None]
+            v_lo = (((q << 18) & 0x3C0000) | ((qh << 22) & 0x400000) | ONE).to(tl.float32, bitcast=True)
+            v_hi = (((q << 14) & 0x3C0000) | ((qh << 21) & 0x400000) | ONE).to(tl.float32, bitcast=True)
+        else:  # v = 1 + n / 16
+            v_lo = (((q << 19) & 0x780000) | ONE).to(tl.float32, bitcast=True)
+            v_hi = (((q << 15) & 0x780000) | ONE).to(tl.float32, bitcast=True)
+        # -- block header as words: d|dmin, then the 12 scale bytes
+        hw = w32_ptr + (rb * (TS // 4))[:, None] + (blk * (TS // 4))[None, :]
+        if EVEN:
+            w0 = tl.load(hw)
+            h1 = tl.load(hw + 1)
+            h2 = tl.load(hw + 2)
+            h3 = tl.load(hw + 3)
+        else:
+            w0 = tl.load(hw, mask=gmask[None, :], other=0)
+            h1 = tl.load(hw + 1, mask=gmask[None, :], other=0)
+            h2 = tl.load(hw + 2, mask=gmask[None, :], other=0)
+            h3 = tl.load(hw + 3, mask=gmask[None, :], other=0)
+        d = _f16_lo(w0)
+        dmin = _f16_lo(w0 >> 16)
+        j = 2 * c[None, :]
+        sc_lo, mn_lo = _k_scale_min(h1, h2, h3, j)
+        sc_hi, mn_hi = _k_scale_min(h1, h2, h3, j + 1)
+        if FIVE:
+            a_lo = (32.0 * d) * sc_lo
+            a_hi = (32.0 * d) * sc_hi
+        else:
+            a_lo = (16.0 * d) * sc_lo
+            a_hi = (16.0 * d) * sc_hi
+        if DEQ:  # w = a v - (a + dmin m)
+            w_lo = v_lo * a_lo[:, :, None] - (a_lo + dmin * mn_lo)[:, :, None]
+            w_hi = v_hi * a_hi[:, :, None] - (a_hi + dmin * mn_hi)[:, :, None]
+            acc += w_lo * x_lo[None, :, :]
+            acc += w_hi * x_hi[None, :, :]
+        else:
+            s_lo = tl.sum(v_lo * x_lo[None, :, :], axis=2)  # [BN, G]
+            s_hi = tl.sum(v_hi * x_hi[None, :, :], axis=2)
+            x_slo = tl.sum(x_lo, axis=1)[None, :]
+            x_shi = tl.sum(x_hi, axis=1)[None, :]
+            acc += a_lo * (s_lo - x_slo) - (dmin * mn_lo) * x_slo
+            acc += a_hi * (s_hi - x_shi) - (dmin * mn_hi) * x_shi
+    if DEQ:
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    else:
+        y = tl.sum(acc, axis=1)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _gemv_q6k_kernel(
+    x_ptr, w8_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    N, NB, stride_xm, stride_ym, n_blocks,
+    HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """q6_K over its decode plane (208-byte blocks ``ql | qh | scales`` + f16 ``d``).
+
+    Group ``g`` = (block, half h, run s): bytes ``i < 16`` of ql at ``64h + 16s + i`` and
+    ``64h + 32 + 16s + i``, qh at ``128 + 32h + 16s + i``, hold values ``128h + 32k + 16s + i``
+    (k = 0..3) with scale ``scales[8h + 2k + s]``. DEQ as in ``_gemv_q45k_kernel``.
+    """
+    G: tl.constexpr = 4 * BB
+    pid = tl.program_id(0)
+    s_id = tl.program_id(1)  # split of the row (see gemv_split)
+    xm = tl.program_id(2)
+    rows = pid * BN + tl.arange(0, BN)
+    rows_c = tl.minimum(rows, N - 1)
+    rb = rows_c.to(tl.int64) * NB
+    g = tl.arange(0, G)
+    gb = g // 4
+    h = (g // 2) % 2
+    s = g % 2
+    i = tl.arange(0, 16)
+    x_row = x_ptr + xm * stride_xm
+    if DEQ:
+        acc = tl.zeros([BN, G, 16], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BN, G], dtype=tl.float32)
+    lo, hi = split_range(NB, s_id, SPLIT, BB)
+    for kb in range(lo, hi, BB):
+        blk = kb + gb
+        gmask = blk < hi
+        lp = w8_ptr + (rb * 208)[:, None, None] + (blk * 208 + h * 64 + s * 16)[None, :, None] + i[None, None, :]
+        hp = w8_ptr + (rb * 208)[:, None, None] + (blk * 208 + 128 + h * 32 + s * 16)[None, :, None] + i[None, None, :]
+        xo = (blk * 256 + h * 128 + s * 16)[:, None] + i[None, :]
+        if EVEN:
+            ql0 = tl.load(lp).to(tl.int32)
+            ql1 = tl.load(lp + 32).to(tl.int32)
+            qh = tl.load(hp).to(tl.int32)
+            x0 = tl.load(x_row + xo)
+            x1 = tl.load(x_row + xo + 32)
+            x2 = tl.load(x_row + xo + 64)
+            x3 = tl.load(x_row + xo + 96)
+        else:
+            m3 = gmask[None, :, None]
+            m2 = gmask[:, None]
+            ql0 = tl.load(lp, mask=m3, other=0).to(tl.int32)
+            ql1 = tl.load(lp + 32, mask=m3, other=0).to(tl.int32)
+            qh = tl.load(hp, mask=m3, other=0).to(tl.int32)
+            x0 = tl.load(x_row + xo, mask=m2, other=0.0)
+            x1 = tl.load(x_row + xo + 32, mask=m2, other=0.0)
+            x2 = tl.load(x_row + xo + 64, mask=m2, other=0.0)
+            x3 = tl.load(x_row + xo + 96, mask=m2, other=0.0)
+        # 6-bit u at mantissa bits 17..22: v = 1 + u / 64, w = d * sc * (64 v - 96)
+        v0 = (((ql0 << 17) & 0x1E0000) | ((qh << 21) & 0x600000) | ONE).to(tl.float32, bitcast=True)
+        v1 = (((ql1 << 17) & 0x1E0000) | ((qh << 19) & 0x600000) | ONE).to(tl.float32, bitcast=True)
+        v2 = (((ql0 << 13) & 0x1E0000) | ((qh << 17) & 0x600000) | ONE).to(tl.float32, bitcast=True)
+        v3 = (((ql1 << 13) & 0x1E0000) | ((qh << 15) & 0x600000) | ONE).to(tl.float32, bitcast=True)
+        sp = sc_ptr + (rb * 208)[:, None] + (blk * 208 + 192 + h * 8 + s)[None, :]
+        dp = d_ptr + rb[:, None] + blk[None, :]
+        if EVEN:
+            sc0 = tl.load(sp).to(tl.float32)
+            sc1 = tl.load(sp + 2).to(tl.float32)
+            sc2 = tl.load(sp + 4).to(tl.float32)
+            sc3 = tl.load(sp + 6).to(tl.float32)
+            d = tl.load(dp).to(tl.float32)
+        else:
+            m2r = gmask[None, :]
+            sc0 = tl.load(sp, mask=m2r, other=0).to(tl.float32)
+            sc1 = tl.load(sp + 2, mask=m2r, other=0).to(tl.float32)
+            sc2 = tl.load(sp + 4, mask=m2r, other=0).to(tl.float32)
+            sc3 = tl.load(sp + 6, mask=m2r, other=0).to(tl.float32)
+            d = tl.load(dp, mask=m2r, other=0.0).to(tl.float32)
+        if DEQ:  # w = a (v - 1.5), a = 64 d sc
+            a0 = (64.0 * d * sc0)[:, :, None]
+            a1 = (64.0 * d * sc1)[:, :, None]
+            a2 = (64.0 * d * sc2)[:, :, None]
+            a3 = (64.0 * d * sc3)[:, :, None]
+            acc += (v0 * a0 - 1.5 * a0) * x0[None, :, :]
+            acc += (v1 * a1 - 1.5 * a1) * x1[None, :, :]
+            acc += (v2 * a2 - 1.5 * a2) * x2[None, :, :]
+            acc += (v3 * a3 - 1.5 * a3) * x3[None, :, :]
+        else:
+            t0 = 64.0 * tl.sum(v0 * x0[None, :, :], axis=2) - 96.0 * tl.sum(x0, axis=1)[None, :]
+            t1 = 64.0 * tl.sum(v1 * x1[None, :, :], axis=2) - 96.0 * tl.sum(x1, axis=1)[None, :]
+            t2 = 64.0 * tl.sum(v2 * x2[None, :, :], axis=2) - 96.0 * tl.sum(x2, axis=1)[None, :]
+            t3 = 64.0 * tl.sum(v3 * x3[None, :, :], axis=2) - 96.0 * tl.sum(x3, axis=1)[None, :]
+            acc += d * (sc0 * t0 + sc1 * t1 + sc2 * t2 + sc3 * t3)
+    if DEQ:
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    else:
+        y = tl.sum(acc, axis=1)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
+
+
+def _even(nb: int, bb: int, split: int) -> bool:
+    """Whether every split covers whole steps of BB blocks (no masks needed)."""
+    per = -(-(-(-nb // split)) // bb) * bb
+    return nb % per == 0
+
+
+def gemv_q45k(x: torch.Tensor, raw: torch.Tensor, five: bool, bias: torch.Tensor | None,
+              bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
+              scratch: SplitScratch | None = None) -> torch.Tensor:
+    """q4_K / q5_K raw rows ``(N, NB * TS)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``."""
+    n = raw.shape[0]
+    nb = raw.shape[1] // (176 if five else 144)
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    scratch = scratch or SplitScratch(n, bn, split)
+    part, cnt = scratch.get(m, x.device)
+    _gemv_q45k_kernel[(scratch.n_blocks, split, m)](
+        x, raw, raw.view(torch.int32), bias if bias is not None else y, y, part, cnt,
+        n, nb, x.stride(0), y.stride(0), scratch.n_blocks,
+        FIVE=five, TS=176 if five else 144, QS=48 if five else 16, HAS_BIAS=bias is not None,
+        EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split, num_warps=num_warps,
+    )
+    return y
+
+
+def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
+             bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
+             scratch: SplitScratch | None = None) -> torch.Tensor:
+    """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``."""
+    n, nb = plane.d.shape
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    scratch = scratch or SplitScratch(n, bn, split)
+    part, cnt = scratch.get(m, x.device)
+    _gemv_q6k_kernel[(scratch.n_blocks, split, m)](
+        x, plane.w, plane.w.view(torch.int8), plane.d, bias if bias is not None else y, y, part, cnt,
+        n, nb, x.stride(0), y.stride(0), scratch.n_blocks,
+        HAS_BIAS=bias is not None, EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
+        num_warps=num_warps,
+    )
+    return y

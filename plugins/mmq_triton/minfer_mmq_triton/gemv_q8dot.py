@@ -1,0 +1,250 @@
+"""Decode GEMV with integer dot products (``dp4a``: four 8-bit products per instruction) for the
+large q4_K / q6_K matrices, where the float kernels run out of instruction issue before memory.
+
+The activation row is quantized once per call (``_quant_x_kernel``) to two int8 digits per
+value: per 32-value block ``s = max|x| / 127``, ``h = round(x / s)``, ``l = round(256 (x/s - h))``,
+so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-grade for a
+dot product; a single int8 digit, as llama.cpp uses, would be 2^-8). The kernel also keeps the
+exact float sums of every 16 values for the min / offset terms. The weights' quant fields are
+unpacked four per 32-bit word into byte lanes and multiplied with ``h`` and ``l`` words; the
+integer sums of each 16/32-value sub-block are scaled once in float32.
+
+On CPU tensors (the ``TRITON_INTERPRET=1`` tests) ``dp4a`` is emulated with the same integer
+arithmetic; on CUDA tensors it is the PTX instruction.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemv_split import SplitScratch, split_range, store_rows
+
+QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
+
+
+@triton.jit
+def _dp4a(a, b, USE_ASM: tl.constexpr):
+    """Per 32-bit word: sum over its 4 bytes of unsigned ``a`` times signed ``b`` (int32)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        r = (a & 0xFF) * ((b << 24) >> 24)
+        r += ((a >> 8) & 0xFF) * ((b << 16) >> 24)
+        r += ((a >> 16) & 0xFF) * ((b << 8) >> 24)
+        r += ((a >> 24) & 0xFF) * (b >> 24)
+        return r
+
+
+@triton.jit
+def _quant_x_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, QB: tl.constexpr):
+    """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums."""
+    m = tl.program_id(0)
+    b = tl.program_id(1) * QB + tl.arange(0, QB)
+    bmask = b < K // 32
+    off = (b * 32)[:, None, None] + (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
+    x = tl.load(x_ptr + m * stride_xm + off, mask=bmask[:, None, None], other=0.0)
+    amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    t = x * inv[:, None, None]
+    h = tl.floor(t + 0.5)
+    lo = tl.floor((t - h) * 256.0 + 0.5)  # t - h in [-0.5, 0.5): lo in [-128, 128]
+    carry = lo > 127.5  # 128 -> h + 1, -128 (|t| <= 127, so h stays within int8)
+    h = tl.where(carry, h + 1.0, h)
+    lo = tl.where(carry, lo - 256.0, lo)
+    tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
+    tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
+    tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
+    s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
+    tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
+
+
+@triton.jit
+def _k_scale_min(h1, h2, h3, j):
+    sh = (j % 4) * 8
+    a = (h1 >> sh) & 0xFF
+    b = (h2 >> sh) & 0xFF
+    c = (h3 >> sh) & 0xFF
+    low = j < 4
+    sc = tl.where(low, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = tl.where(low, b & 63, (c >> 4) | ((b >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _gemv_q4k_i8_kernel(
+    xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    N, NB, stride_ym, n_blocks,
+    HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
+    SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """q4_K raw rows as int32 words (36 per block); x quantized by ``_quant_x_kernel``.
+
+    Group g = (block, 64-value chunk c): words 4 + 8c .. 4 + 8c + 7 hold values 64c + 4w + t
+    (low nibbles, sub-block 2c) and 64c + 32 + 4w + t (high nibbles, sub-block 2c + 1).
+    """
+    G: tl.constexpr = 4 * BB
+    pid = tl.program_id(0)
+    s_id = tl.program_id(1)
+    xm = tl.program_id(2)
+    rows = pid * BN + tl.arange(0, BN)
+    rb = tl.minimum(rows, N - 1).to(tl.int64) * NB
+    g = tl.arange(0, G)
+    c = g % 4
+    gb = g // 4
+    w = tl.arange(0, 8)
+    KW = NB * 64  # x words per row
+    xh_row = xh_ptr + xm * KW
+    xl_row = xl_ptr + xm * KW
+    acc = tl.zeros([BN, G], dtype=tl.float32)
+    lo_b, hi_b = split_range(NB, s_id, SPLIT, BB)
+    for kb in range(lo_b, hi_b, BB):
+        blk = kb + gb
+        gm = blk < hi_b
+        qp = w32_ptr + (rb * 36)[:, None, None] + (blk * 36 + 4 + c * 8)[None, :, None] + w[None, None, :]
+        xo = (blk * 64 + c * 16)[:, None] + w[None, :]
+        hw = w32_ptr + (rb * 36)[:, None] + (blk * 36)[None, :]
+        sb = xm * (NB * 8) + blk * 8 + c * 2  # x block of the low sub-block (high: + 1)
+        if EVEN:
+            q = tl.load(qp)
+            xh_lo, xh_hi = tl.load(xh_row + xo), tl.load(xh_row + xo + 8)
+            xl_lo, xl_hi = tl.load(xl_row + xo), tl.load(xl_row + xo + 8)
+            w0, h1, h2, h3 = tl.load(hw), tl.load(hw + 1), tl.load(hw + 2), tl.load(hw + 3)
+            s_lo, s_hi = tl.load(xs_ptr + sb), tl.load(xs_ptr + sb + 1)
+            x_lo = tl.load(x16_ptr + 2 * sb) + tl.load(x16_ptr + 2 * sb + 1)
+            x_hi = tl.load(x16_ptr + 2 * sb + 2) + tl.load(x16_ptr + 2 * sb + 3)
+        else:
+            q = tl.load(qp, mask=gm[None, :, None], other=0)
+            xh_lo = tl.load(xh_row + xo, mask=gm[:, None], other=0)
+            xh_hi = tl.load(xh_row + xo + 8, mask=gm[:, None], other=0)
+            xl_lo = tl.load(xl_row + xo, mask=gm[:, None], other=0)
+            xl_hi = tl.load(xl_row + xo + 8, mask=gm[:, None], other=0)
+            w0 = tl.load(hw, mask=gm[None, :], other=0)
+            h1 = tl.load(hw + 1, mask=gm[None, :], other=0)
+            h2 = tl.load(hw + 2, mask=gm[None, :], other=0)
+            h3 = tl.load(hw + 3, mask=gm[None, :], other=0)
+            s_lo = tl.load(xs_ptr + sb, mask=gm, other=0.0)
+            s_hi = tl.load(xs_ptr + sb + 1, mask=gm, other=0.0)
+            x_lo = tl.load(x16_ptr + 2 * sb, mask=gm, other=0.0) + tl.load(x16_ptr + 2 * sb + 1, mask=gm, other=0.0)
+            x_hi = tl.load(x16_ptr + 2 * sb + 2, mask=gm, other=0.0) + tl.load(x16_ptr + 2 * sb + 3, mask=gm, other=0.0)
+        qlo = q & 0x0F0F0F0F
+        qhi = (q >> 4) & 0x0F0F0F0F
+        ih_lo = tl.sum(_dp4a(qlo, xh_lo[None, :, :], USE_ASM), axis=2).to(tl.float32)
+        il_lo = tl.sum(_dp4a(qlo, xl_lo[None, :, :], USE_ASM), axis=2).to(tl.float32)
+        ih_hi = tl.sum(_dp4a(qhi, xh_hi[None, :, :], USE_ASM), axis=2).to(tl.float32)
+        il_hi = tl.sum(_dp4a(qhi, xl_hi[None, :, :], USE_ASM), axis=2).to(tl.float32)
+        d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        j = 2 * c[None, :]
+        sc_lo, mn_lo = _k_scale_min(h1, h2, h3, j)
+        sc_hi, mn_hi = _k_scale_min(h1, h2, h3, j + 1)
+        dot_lo = (ih_lo + il_lo * (1.0 / 256.0)) * s_lo[None, :]
+        dot_hi = (ih_hi + il_hi * (1.0 / 256.0)) * s_hi[None, :]
+        acc += d * (sc_lo * dot_lo + sc_hi * dot_hi) - dmin * (mn_lo * x_lo[None, :] + mn_hi * x_hi[None, :])
+    y = tl.sum(acc, axis=1)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
+
+
+@triton.jit
+def _gemv_q6k_i8_kernel(
+    xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    N, NB, stride_ym, n_blocks,
+    HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
+    SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """q6_K decode plane as int32 words (52 per block: ql 0..31, qh 32..47, scales 48..51).
+
+    Group g = (block, half h); for quarter k, run s (16 values), word w4 < 4:
+    ql word ``16h + 8(k % 2) + 4s + w4`` nibble ``k // 2``, qh word ``32 + 8h + 4s + w4`` bits 2k,
+    values ``128h + 32k + 16s + 4 w4 + t``, scale ``scales[8h + 2k + s]``.
+    """
+    G: tl.constexpr = 2 * BB
+    pid = tl.program_id(0)
+    s_id = tl.program_id(1)
+    xm = tl.program_id(2)
+    rows = pid * BN + tl.arange(0, BN)
+    rb = tl.minimum(rows, N - 1).to(tl.int64) * NB
+    g = tl.arange(0, G)
+    h = g % 2
+    gb = g // 2
+    sr = tl.arange(0, 2)
+    w4 = tl.arange(0, 4)
+    KW = NB * 64
+    xh_row = xh_ptr + xm * KW
+    xl_row = xl_ptr + xm * KW
+    acc = tl.zeros([BN, G, 2], dtype=tl.float32)
+    lo_b, hi_b = split_range(NB, s_id, SPLIT, BB)
+    for kb in range(lo_b, hi_b, BB):
+        blk = kb + gb
+        g1 = blk < hi_b
+        gm = g1[None, :, None]
+        wb = (rb * 52)[:, None, None, None] + (blk * 52)[None, :, None, None] + (sr * 4)[None, None, :, None] \
+            + w4[None, None, None, :]
+        ql0 = tl.load(w32_ptr + wb + (h * 16)[None, :, None, None], mask=gm[:, :, :, None], other=0)
+        ql1 = tl.load(w32_ptr + wb + (h * 16 + 8)[None, :, None, None], mask=gm[:, :, :, None], other=0)
+        qh = tl.load(w32_ptr + wb + (32 + h * 8)[None, :, None, None], mask=gm[:, :, :, None], other=0)
+        d = tl.load(d_ptr + rb[:, None, None] + blk[None, :, None], mask=gm, other=0.0).to(tl.float32)
+        for k in tl.static_range(4):
+            if k % 2 == 0:
+                ql = ql0
+            else:
+                ql = ql1
+            u = ((ql >> (4 * (k // 2))) & 0x0F0F0F0F) | (((qh >> (2 * k)) & 0x03030303) << 4)
+            xo = (blk * 64 + h * 32 + k * 8)[:, None, None] + (sr * 4)[None, :, None] + w4[None, None, :]
+            xmask = g1[:, None, None]
+            xh = tl.load(xh_row + xo, mask=xmask, other=0)
+            xl = tl.load(xl_row + xo, mask=xmask, other=0)
+            ih = tl.sum(_dp4a(u, xh[None], USE_ASM), axis=3).to(tl.float32)  # [BN, G, 2]
+            il = tl.sum(_dp4a(u, xl[None], USE_ASM), axis=3).to(tl.float32)
+            sb = xm * (NB * 8) + blk * 8 + h * 4 + k  # the 32-value x block
+            xs = tl.load(xs_ptr + sb, mask=g1, other=0.0)[None, :, None]
+            x16 = tl.load(x16_ptr + (2 * sb)[:, None] + sr[None, :], mask=g1[:, None], other=0.0)[None]
+            sc = tl.load(sc_ptr + (rb * 208)[:, None, None] + (blk * 208 + 192 + h * 8 + 2 * k)[None, :, None]
+                         + sr[None, None, :], mask=gm, other=0).to(tl.float32)
+            acc += (d * sc) * ((ih + il * (1.0 / 256.0)) * xs - 32.0 * x16)
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
+
+
+def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums)."""
+    m, k = x.shape
+    xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    xs = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
+    x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
+    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, xh, xl, xs, x16, k, x.stride(0),
+                                                            QB=QUANT_BLOCKS, num_warps=4)
+    return xh.view(torch.int32), xl.view(torch.int32), xs, x16
+
+
+def gemv_i8(x: torch.Tensor, data, q6: bool, bias: torch.Tensor | None, bn: int, bb: int,
+            num_warps: int, split: int, scratch: SplitScratch) -> torch.Tensor:
+    """q4_K raw rows (``q6=False``) or a q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)``."""
+    from .gemv_kquant import _even
+
+    xh, xl, xs, x16 = quantize_x(x)
+    m = x.shape[0]
+    if q6:
+        n, nb = data.d.shape
+        w32 = data.w.view(torch.int32)
+    else:
+        n, nb = data.shape[0], data.shape[1] // 144
+        w32 = data.view(torch.int32)
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    part, cnt = scratch.get(m, x.device)
+    meta = dict(HAS_BIAS=bias is not None, EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
+                USE_ASM=x.is_cuda, num_warps=num_warps)
+    b = bias if bias is not None else y
+    grid = (scratch.n_blocks, split, m)
+    if q6:
+        _gemv_q6k_i8_kernel[grid](xh, xl, xs, x16, w32, data.w.view(torch.int8), data.d, b, y, part, cnt,
+                                  n, nb, y.stride(0), scratch.n_blocks, **meta)
+    else:
+        _gemv_q4k_i8_kernel[grid](xh, xl, xs, x16, w32, b, y, part, cnt, n, nb, y.stride(0),
+                                  scratch.n_blocks, **meta)
+    return y

@@ -1,0 +1,70 @@
+"""Split-K for the decode GEMVs: more programs per matrix, same result bits every run.
+
+A GEMV over a long row (or with few output rows) leaves most of the GPU idle while each program
+walks its row in a chain of dependent loads. With ``SPLIT > 1`` program ``(n, s)`` sums only
+super-blocks ``[s * per, (s + 1) * per)``, writes its partial row sums to a scratch, and counts
+itself in on an arrival counter. The program that arrives last adds the ``SPLIT`` partials in
+the fixed order ``s = 0, 1, ...`` (so the result never depends on which program finished
+last), adds the bias, stores ``y`` and resets the counter to 0 for the next call. No second
+launch, nothing read on the host: a CUDA graph replays it as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_range(NB, s, SPLIT: tl.constexpr, BB: tl.constexpr):
+    """Blocks ``[lo, hi)`` of split ``s``: ``ceil(NB / SPLIT)`` rounded up to whole steps of BB."""
+    per = tl.cdiv(tl.cdiv(NB, SPLIT), BB) * BB
+    lo = s * per
+    return lo, tl.minimum(lo + per, NB)
+
+
+@triton.jit
+def store_rows(y, rows, N, xm, pid_n, s, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """Write row sums ``y`` [BN] of activation row ``xm`` (directly, or through the split scratch)."""
+    rmask = rows < N
+    if SPLIT == 1:
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + rows, mask=rmask, other=0.0)
+        tl.store(y_ptr + xm * stride_ym + rows, y, mask=rmask)
+    else:
+        part = part_ptr + xm * (SPLIT * N)
+        tl.store(part + s * N + rows, y, mask=rmask)
+        tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+        cnt = cnt_ptr + xm * n_blocks + pid_n
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            tot = tl.load(part + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            for t in tl.static_range(1, SPLIT):
+                tot += tl.load(part + t * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(bias_ptr + rows, mask=rmask, other=0.0)
+            tl.store(y_ptr + xm * stride_ym + rows, tot, mask=rmask)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+class SplitScratch:
+    """Per-weight partial sums and zeroed arrival counters, one set per activation row count."""
+
+    def __init__(self, n: int, bn: int, split: int):
+        self.n, self.split, self.n_blocks = n, split, triton.cdiv(n, bn)
+        self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (m, str(device))
+        buf = self._bufs.get(key)
+        if buf is None:
+            if self.split == 1:
+                dummy = torch.empty(1, dtype=torch.float32, device=device)
+                buf = (dummy, torch.zeros(1, dtype=torch.int32, device=device))
+            else:
+                buf = (torch.empty(m * self.split * self.n, dtype=torch.float32, device=device),
+                       torch.zeros(m * self.n_blocks, dtype=torch.int32, device=device))
+            self._bufs[key] = buf
+        return buf
