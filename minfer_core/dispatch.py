@@ -25,6 +25,7 @@ from .weights import Activation, Candidate, LoadContext, Weight
 PHASES = ("prefill", "decode")
 PRODUCERS = ("rmsnorm", "swiglu")
 PREPASS = "prepass"
+DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
 MMQ_GATE, TRANSPOSE_GATE = "MINFER_MMQ", "MINFER_MMQ_A_TRANSPOSE"
 
 
@@ -51,6 +52,7 @@ class Plan:
     applicable: dict[str, Optional[str]] = field(default_factory=dict)  # plugin -> None or why not
     tensors: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (class, qtype)
     decode_step_order: list[str] = field(default_factory=list)
+    decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv'
 
     def labels_by_class(self) -> dict:
         """Chosen labels grouped by tensor class and quant type (for ``minfer gates -m``)."""
@@ -62,6 +64,7 @@ class Plan:
                           for k, n in sorted(rows.items())]
         out["producers"] = {k: c.label for k, c in self.producers.items()}
         out["attention"] = {k: c.label for k, c in self.attention.items()}
+        out["decode_ops"] = {k: c.label for k, c in self.decode_ops.items()}
         out["decode_step"] = self.decode_step.label if self.decode_step else None
         return out
 
@@ -194,6 +197,9 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     for phase in PHASES:
         offers = call_each(pm, "minfer_attention_candidates", only=usable, phase=phase, ctx=ctx)
         plan.attention[phase] = _choose(offers, ranking(policy, "attention", backend), f"attention {phase}", log, plan.notes)
+    for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions
+        offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
+        plan.decode_ops[kind] = _choose(offers, ranking(policy, "decode", backend), f"producer {kind}", log, plan.notes)
     wrappers = {impl.plugin_name: impl.function for impl in pm.hook.minfer_wrap_decode_step.get_hookimpls()}
     plan.decode_step_order = [n for n in ranking(policy, "decode_step", backend, last_resort=False)
                               if n in wrappers and n in usable]

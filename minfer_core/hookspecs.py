@@ -81,6 +81,12 @@ def minfer_producer_candidates(kind, ctx):
     mode is 2) and returns an :class:`~minfer_core.weights.Activation`:
     ``rmsnorm: fn(x, w, eps)``, ``swiglu: fn(gu)`` with ``gu = [gate | up]`` of shape ``(M, 2F)``,
     ``prepass: fn(x)`` (always writes both). Return a list of Candidates or ``None``.
+
+    Two more kinds serve the single-token decode step; they are ranked by the policy's decode
+    order and must not depend on any gate: ``"decode_rmsnorm"``: ``fn(x, w, eps) -> f32 (M, E)``;
+    ``"decode_rope_kv"``: ``fn(q, k, v, cos, sin, k_cache, v_cache, pos, neox) -> q (H, D)``, which
+    rotates q (H*D,) and k (Hkv*D,), writes k and v into row ``pos`` (a (1,) device tensor, never
+    read on the host) of the layer's caches (n_ctx, Hkv, D). The reference backend offers both.
     """
 
 

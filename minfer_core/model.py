@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
+from .reference import rmsnorm_rows as rmsnorm
+from .reference import rotate
 from .weights import Activation, Weight
 
 PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
@@ -31,16 +33,7 @@ def rope_tables(cfg: ModelConfig, n_ctx: int, device) -> tuple[torch.Tensor, tor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
     """x (T, heads, D); cos/sin (T, D/2). neox rotates halves, normal rotates adjacent pairs."""
-    c, s = cos[:, None, :], sin[:, None, :]
-    if style == "neox":
-        a, b = x.chunk(2, dim=-1)
-        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
-
-
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    return rotate(x, cos, sin, style == "neox")
 
 
 class KVCache:
@@ -63,6 +56,8 @@ class Runtime:
         self.attn_prefill = plan.attention["prefill"]
         self.attn_decode = plan.attention["decode"]
         self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
+        self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
+        self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]
 
     def _run(self, kernel, *args):
         self.counts[kernel.label] += 1
@@ -125,7 +120,10 @@ class Transformer:
         return self.rt.linear(self.p.layers[i].down, self.rt.swiglu(gu))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        x = rmsnorm(h, self.p.out_norm, self.cfg.rms_eps)
+        if h.shape[0] < PREFILL_ROWS:
+            x = self.rt._run(self.rt.dec_rmsnorm, h, self.p.out_norm, self.cfg.rms_eps)
+        else:
+            x = rmsnorm(h, self.p.out_norm, self.cfg.rms_eps)
         return self.rt.linear("output", x)
 
     # -- passes ----------------------------------------------------------------------------
@@ -154,18 +152,16 @@ class Transformer:
 
         Reads no host value of ``pos``, so the step can be captured as a CUDA graph.
         """
-        cfg, c = self.cfg, self.cache
+        cfg, c, rt = self.cfg, self.cache, self.rt
         cos, sin = self.cos[pos], self.sin[pos]
         n_valid = (pos + 1).to(torch.int32).reshape(())
+        neox = cfg.rope_style == "neox"
         h = self.embed(token)
         for i in range(cfg.n_layers):
-            a = rmsnorm(h, self.p.attn_norm[i], cfg.rms_eps)
+            a = rt._run(rt.dec_rmsnorm, h, self.p.attn_norm[i], cfg.rms_eps)
             q, k, v = self.qkv(i, a)
-            q = apply_rope(q.view(1, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_style)
-            k = apply_rope(k.view(1, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_style)
-            c.k[i].index_copy_(0, pos, k.to(c.k.dtype))
-            c.v[i].index_copy_(0, pos, v.view(1, cfg.n_kv_heads, cfg.head_dim).to(c.v.dtype))
-            o = self.rt._run(self.rt.attn_decode, q[0], c.k[i], c.v[i], n_valid)
-            h = h + self.rt.linear(self.p.layers[i].o, o.view(1, -1))
-            h = h + self.ffn(i, rmsnorm(h, self.p.ffn_norm[i], cfg.rms_eps))
+            q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
+            o = rt._run(rt.attn_decode, q, c.k[i], c.v[i], n_valid)
+            h = h + rt.linear(self.p.layers[i].o, o.view(1, -1))
+            h = h + self.ffn(i, rt._run(rt.dec_rmsnorm, h, self.p.ffn_norm[i], cfg.rms_eps))
         return self.head(h)

@@ -71,6 +71,41 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.einsum("grn,ngd->grd", p, v_cache.float()).reshape(H * D)
 
 
+def rmsnorm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row: x (M, E) f32, w (E,) -> (M, E)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    """RoPE on x (T, heads, D) with cos/sin (T, D/2): neox rotates halves, normal adjacent pairs."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, pos, neox: bool) -> torch.Tensor:
+    """One token: rotate q (H*D,) and k (Hkv*D,), write k and v into row ``pos`` (1,) of the
+    caches (n_ctx, Hkv, D); return q as (H, D) f32. Reads nothing on the host."""
+    hkv, d = k_cache.shape[1], k_cache.shape[2]
+    qr = rotate(q.view(1, -1, d), cos, sin, neox)[0]
+    kr = rotate(k.view(1, hkv, d), cos, sin, neox)
+    k_cache.index_copy_(0, pos, kr.to(k_cache.dtype))
+    v_cache.index_copy_(0, pos, v.view(1, hkv, d).to(v_cache.dtype))
+    return qr
+
+
+@hookimpl
+def minfer_producer_candidates(kind, ctx):
+    if kind == "decode_rmsnorm":
+        return [Candidate(NAME, "ref.dec.rmsnorm", rmsnorm_rows)]
+    if kind == "decode_rope_kv":
+        return [Candidate(NAME, "ref.dec.rope_kv", rope_kv_write)]
+    return None
+
+
 @hookimpl
 def minfer_matmul_candidates(weight, phase, ctx):
     label = f"ref.{weight.qtype.name.lower()}"
