@@ -71,6 +71,10 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 @hookimpl
 def minfer_producer_candidates(kind, ctx):
+    if kind.startswith("decode_"):  # single-token ops: no gate reads them
+        from .decode_fused import decode_op_candidates
+
+        return decode_op_candidates(kind)
     from .routes import producer_candidates
 
     return producer_candidates(kind, ctx)

@@ -1,0 +1,149 @@
+"""Fused elementwise kernels for the single-token decode step (one launch each, graph friendly).
+
+``rmsnorm_row(x, w, eps)``: RMSNorm of a few float32 rows, one program per row.
+``rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, pos, neox)``: rotates this token's ``q`` and
+``k`` heads, writes rotated ``k`` and plain ``v`` as float16 into row ``pos`` of the caches, and
+returns rotated ``q``. ``pos`` is a device tensor read only inside the kernel, and the grid depends
+only on shapes, so both calls can be captured in a CUDA graph and replayed at any position.
+
+Rotation of a pair ``(a, b)`` with ``c = cos[i]``, ``s = sin[i]``: ``(a c - b s, a s + b c)``.
+``neox=True`` (qwen2) pairs ``(i, i + D/2)``; ``neox=False`` (llama) pairs ``(2i, 2i + 1)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minfer_core.weights import Candidate
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    # pointers
+    x_ptr, w_ptr, out_ptr,
+    # sizes
+    E, eps,
+    # strides
+    stride_xm, stride_om,
+    # meta
+    BLOCK: tl.constexpr,
+):
+    """Row ``m = program_id(0)``: ``out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w``; x (M, E), w (E,)."""
+    m = tl.program_id(0)
+    e = tl.arange(0, BLOCK)
+    mask = e < E
+    x = tl.load(x_ptr + m * stride_xm + e, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + e, mask=mask, other=0.0).to(tl.float32)
+    # stage 1: mean of squares in float32 (padding lanes load 0 and add nothing)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / E + eps)
+    # stage 2: scale and weigh
+    tl.store(out_ptr + m * stride_om + e, x * r * w, mask=mask)
+
+
+@triton.jit
+def _rope_kv_kernel(
+    # pointers
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, qo_ptr,
+    # sizes
+    n_heads,
+    # strides (of the caches; rows of q, k, v, out are contiguous with stride D per head)
+    stride_ct, stride_ch, stride_vt, stride_vh,
+    # meta
+    D: tl.constexpr, NEOX: tl.constexpr,
+):
+    """Program ``p < n_heads``: rotate q head ``p`` into qo (n_heads, D) float32.
+    Program ``p >= n_heads``: KV head ``h = p - n_heads``; rotate k head ``h`` into
+    ``k_cache[pos, h]`` and copy v head ``h`` into ``v_cache[pos, h]`` (both float16).
+    q (n_heads*D,), k/v (n_kv*D,), cos/sin (D/2,) float32; caches (n_ctx, n_kv, D) float16.
+    """
+    p = tl.program_id(0)
+    i = tl.arange(0, D // 2)
+    if NEOX:
+        ia = i
+        ib = i + D // 2
+    else:
+        ia = 2 * i
+        ib = 2 * i + 1
+    c = tl.load(cos_ptr + i)
+    s = tl.load(sin_ptr + i)
+    if p < n_heads:
+        a = tl.load(q_ptr + p * D + ia)
+        b = tl.load(q_ptr + p * D + ib)
+        tl.store(qo_ptr + p * D + ia, a * c - b * s)
+        tl.store(qo_ptr + p * D + ib, a * s + b * c)
+    else:
+        h = p - n_heads
+        pos = tl.load(pos_ptr).to(tl.int64)
+        krow = kc_ptr + pos * stride_ct + h * stride_ch
+        a = tl.load(k_ptr + h * D + ia)
+        b = tl.load(k_ptr + h * D + ib)
+        tl.store(krow + ia, (a * c - b * s).to(tl.float16))
+        tl.store(krow + ib, (a * s + b * c).to(tl.float16))
+        d = tl.arange(0, D)
+        v = tl.load(v_ptr + h * D + d)
+        tl.store(vc_ptr + pos * stride_vt + h * stride_vh + d, v.to(tl.float16))
+
+
+def rmsnorm_row(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x float32 (M, E) with weight w float32 (E,) -> new float32 (M, E); one launch.
+
+    Meant for decode (M small); each row is one program holding all of E (up to 8192) at once.
+    """
+    if x.dim() != 2 or x.dtype != torch.float32 or w.dtype != torch.float32:
+        raise ValueError(f"rmsnorm_row wants float32 x (M, E) and w (E,), got {x.dtype} {tuple(x.shape)}")
+    m, e = x.shape
+    if w.shape != (e,) or not w.is_contiguous() or x.stride(1) != 1:
+        raise ValueError("rmsnorm_row: w must be (E,) contiguous and rows of x contiguous")
+    out = torch.empty(m, e, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(e)
+    _rmsnorm_kernel[(m,)](
+        x, w, out,
+        e, float(eps),
+        x.stride(0), out.stride(0),
+        BLOCK=block, num_warps=max(1, min(16, block // 256)),
+    )
+    return out
+
+
+def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                  neox: bool) -> torch.Tensor:
+    """RoPE for one token plus the KV-cache write, in one launch; returns rotated q (n_heads, D) f32.
+
+    q (n_heads*D,), k and v (n_kv*D,) float32, each contiguous in itself (views of a fused qkv
+    row are fine); cos, sin (1, D/2) float32, the row of this position; k_cache, v_cache
+    (n_ctx, n_kv, D) float16; pos (1,) int64 device tensor, the cache row written (never read on
+    the host). Writes rotated k to ``k_cache[pos]`` and v to ``v_cache[pos]`` as float16.
+    """
+    _, n_kv, d = k_cache.shape
+    if cos.numel() * 2 != d or sin.numel() * 2 != d or d & (d - 1):
+        raise ValueError(f"rope_kv_write: head size {d} must be a power of two and cos/sin hold D/2")
+    if v_cache.shape != k_cache.shape or k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16:
+        raise ValueError("rope_kv_write: k_cache and v_cache must be float16 (n_ctx, n_kv, D)")
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError("rope_kv_write: cache heads must be contiguous")
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin)):
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"rope_kv_write: {name} must be float32 and contiguous")
+    if q.numel() % d or k.numel() != n_kv * d or v.numel() != n_kv * d or pos.numel() != 1:
+        raise ValueError("rope_kv_write: q must hold n_heads*D, k and v n_kv*D, pos one index")
+    n_heads = q.numel() // d
+    q_out = torch.empty(n_heads, d, dtype=torch.float32, device=q.device)
+    _rope_kv_kernel[(n_heads + n_kv,)](
+        q, k, v, cos, sin, k_cache, v_cache, pos, q_out,
+        n_heads,
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        D=d, NEOX=bool(neox), num_warps=1 if d <= 64 else 2,
+    )
+    return q_out
+
+
+def decode_op_candidates(kind: str) -> list[Candidate] | None:
+    """The single-token fused ops (the core ranks them by the policy's decode order)."""
+    if kind == "decode_rmsnorm":
+        return [Candidate("mmq_triton", "mmq.dec.rmsnorm", rmsnorm_row)]
+    if kind == "decode_rope_kv":
+        return [Candidate("mmq_triton", "mmq.dec.rope_kv", rope_kv_write)]
+    return None
