@@ -55,10 +55,13 @@ def _inputs(h, hkv, d, ctx, gen, device="cpu"):
     return q, k, v
 
 
-def test_offers_decode_only():
-    (c,) = attention_candidates("decode", None)
+def test_offers_split_kv_for_decode_and_flash_for_gpu_prefill(make_ctx):
+    (c,) = attention_candidates("decode", make_ctx(device="cpu"))
     assert c.plugin == "mmq_triton" and c.label == LABEL
-    assert attention_candidates("prefill", None) == []
+    assert attention_candidates("prefill", make_ctx(device="cpu")) == []  # the interpreter has no flash SDPA
+    if torch.cuda.is_available():
+        (p,) = attention_candidates("prefill", make_ctx(device="cuda"))
+        assert p.label == "mmq.attn.flash"
 
 
 @pytest.mark.parametrize("h,hkv,d,ctx,nvs", [
