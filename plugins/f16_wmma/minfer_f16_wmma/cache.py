@@ -10,13 +10,13 @@ where torch offers it, else a float32 product).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional
 
 import torch
 from gguf import GGMLQuantizationType as QT
 
 from minfer_core.dequant import dequantize
+from minfer_core.linalg import mm_f32
 from minfer_core.quants import QUANTS
 from minfer_core.weights import Activation, Candidate, Weight
 
@@ -68,28 +68,12 @@ def weight_cache(weight: Weight) -> torch.Tensor:
     return w
 
 
-@lru_cache(maxsize=None)
-def _has_out_dtype(device_type: str) -> bool:
-    if device_type != "cuda":
-        return False
-    try:
-        a = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
-        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
-    except (TypeError, RuntimeError):
-        return False
-
-
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``a (M, K) @ w (N, K).T (+ bias)`` -> float32 ``(M, N)``; ``a`` is cast to ``w``'s dtype."""
     if w.dtype == torch.float32:
         y = a.float() @ w.t()
-    elif _has_out_dtype(a.device.type):
-        y = torch.mm(a.to(w.dtype), w.t(), out_dtype=torch.float32)
-    else:  # same product up to summation order (CPU tests, older torch)
-        y = a.to(w.dtype).float() @ w.float().t()
-    if bias is not None:
-        y = y + bias
-    return y
+        return y + bias if bias is not None else y
+    return mm_f32(a.to(w.dtype), w, bias)
 
 
 def candidate(weight: Weight, phase: str) -> Candidate:
