@@ -148,7 +148,7 @@ class Engine:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         self.timings.prompt_tokens, self.timings.prompt_s = len(ids), t1 - t0
-        while True:
+        while n_predict != 0:
             token = sampler(logits, history)
             if token in self.tok.eog_ids:
                 out.stop_reason = "eog"
@@ -174,6 +174,7 @@ class Engine:
                 out.stop_reason = "context"
                 break
             logits = self.decode(token)
+        out.stop_reason = out.stop_reason or "length"
         if out.stop_reason != "stop":
             rest = pending + stream.flush()
             out.text += rest
