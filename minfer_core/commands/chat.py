@@ -33,12 +33,13 @@ def run(args) -> int:
         line = sys.stdin.readline()
         if not line or not line.strip():
             break
-        reused = len(engine.cached)
         session.send(line.rstrip("\n"), n_predict=args.n_predict, stop=args.stop,
                      on_text=lambda t: (sys.stdout.write(t), sys.stdout.flush()))
         sys.stdout.write("\n")
         sys.stdout.flush()
         if args.verbose:
             t = engine.timings
-            log(f"minfer: turn: {reused} cached tokens reused, {t.prompt_tokens} in prompt; {t.summary()}")
+            reused = t.prompt_tokens - engine.last_prefill
+            log(f"minfer: turn: {t.prompt_tokens} prompt tokens, {reused} from the KV cache, "
+                f"{engine.last_prefill} prefilled; {t.summary()}")
     return 0
