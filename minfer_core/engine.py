@@ -17,7 +17,8 @@ import torch
 
 from .config import ModelConfig, config_from_gguf
 from .dispatch import Plan, build_plan, check_backend, make_context, wrap_decode_step
-from .gguf_file import GGUFFile, open_gguf
+from .errors import UserError
+from .gguf_file import GGUFFile, ModelFileError, open_gguf
 from .loader import load_params, weights_from_file
 from .model import Runtime, Transformer
 from .plugins import get_plugin_manager
@@ -27,9 +28,18 @@ from .tokenizer import StreamDecoder, Tokenizer
 
 
 def pick_device(name: str | None = None) -> torch.device:
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``name`` (cpu, cuda, cuda:N) or the GPU when there is one; a device that is not here is a user error."""
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device '{name}' (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device '{name}' requested but no CUDA GPU is available here")
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"device '{name}' is not supported (cpu, cuda, cuda:N)")
+    return dev
 
 
 @dataclass
@@ -71,7 +81,10 @@ class Engine:
         path = Path(path)
         gf = open_gguf(path)
         cfg = config_from_gguf(gf)
-        tok = Tokenizer.from_metadata(gf.metadata)
+        try:
+            tok = Tokenizer.from_metadata(gf.metadata)
+        except (ValueError, NotImplementedError) as e:  # e.g. an unknown pre-tokenizer
+            raise ModelFileError(path, f"tokenizer: {e}") from None
         dev = pick_device(device)
         pol = load_policy(policy)
         pm = get_plugin_manager(blocked=blocked, trace=trace_plugins)

@@ -106,3 +106,11 @@ def test_tokenize_prints_llama_cpp_ids(qwen_path):
 def test_pull_prints_cached_path(smollm_path):
     res = minfer("pull", "smollm2-135m")
     assert res.returncode == 0 and res.stdout.strip() == str(smollm_path)
+
+
+def test_bad_device_and_tokenizer(tmp_path):
+    if not __import__("torch").cuda.is_available():
+        tiny = build(tmp_path)
+        assert_one_line_error(minfer("--device", "cuda", "run", "-m", str(tiny), "-p", "x"), "cuda")
+    p = build(tmp_path, edit=lambda md, ts: md.update({"tokenizer.ggml.pre": "no-such-pre"}), name="pre")
+    assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "no-such-pre")
