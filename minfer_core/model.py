@@ -51,7 +51,7 @@ class Runtime:
 
     def __init__(self, plan, weights: dict[str, Weight]):
         self.plan = plan
-        self.weights = weights
+        self.weights = weights  # the weights (and the planes plugins built) live as long as the model
         self.counts: Counter[str] = Counter()
         self.attn_prefill = plan.attention["prefill"]
         self.attn_decode = plan.attention["decode"]
