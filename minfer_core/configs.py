@@ -58,3 +58,15 @@ def applied(cfg: RunConfig):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def load_under(cfg: RunConfig, path, args, n_ctx: int):
+    """Load the model under ``cfg`` plus the command's global plugin options (``--backend``, ...)."""
+    from .cli import blocked_plugins
+    from .engine import Engine
+
+    with applied(cfg):
+        return Engine.load(path, backend=cfg.backend or getattr(args, "backend", None),
+                           policy=getattr(args, "policy", None), blocked=blocked_plugins(args) + cfg.blocked,
+                           device=getattr(args, "device", None), n_ctx=n_ctx,
+                           trace_plugins=getattr(args, "trace_plugins", False))

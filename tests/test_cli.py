@@ -114,3 +114,17 @@ def test_bad_device_and_tokenizer(tmp_path):
         assert_one_line_error(minfer("--device", "cuda", "run", "-m", str(tiny), "-p", "x"), "cuda")
     p = build(tmp_path, edit=lambda md, ts: md.update({"tokenizer.ggml.pre": "no-such-pre"}), name="pre")
     assert_one_line_error(minfer("run", "-m", str(p), "-p", "x"), str(p), "no-such-pre")
+
+
+def test_bench_and_parity_on_a_tiny_model(tiny):
+    res = minfer("--backend", "reference", "bench", "-m", str(tiny), "-p", "32", "-n", "4", "-r", "2", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [r["test"] for r in rows] == ["pp32", "tg4"]
+    assert all(len(r["samples_ts"]) == 2 and r["avg_ts"] > 0 for r in rows)
+    md = minfer("--backend", "reference", "bench", "-m", str(tiny), "-p", "32", "-n", "0", "-r", "1")
+    assert md.returncode == 0 and "| pp32 |" in md.stdout and " ± " in md.stdout
+    par = minfer("parity", "-m", str(tiny), "-p", "ab", "-n", "6", "--config", "backend=reference",
+                 "--config", "backend=reference,MINFER_MMQ=0")
+    assert par.returncode == 0, par.stderr
+    assert par.stdout.count("identical") == 2

@@ -41,9 +41,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..bench import gpu_memory, run_test
-    from ..cli import blocked_plugins
-    from ..configs import SWEEP, applied, parse_config
-    from ..engine import Engine
+    from ..configs import SWEEP, load_under, parse_config
     from ..fetch import resolve_model
 
     if args.repetitions < 1:
@@ -57,11 +55,7 @@ def run(args) -> int:
     n_ctx = max(n for _, n in tests) + 16
     rows = []
     for cfg in configs:
-        with applied(cfg):
-            engine = Engine.load(path, backend=cfg.backend or getattr(args, "backend", None),
-                                 policy=getattr(args, "policy", None),
-                                 blocked=blocked_plugins(args) + cfg.blocked, device=getattr(args, "device", None),
-                                 n_ctx=n_ctx, trace_plugins=getattr(args, "trace_plugins", False))
+        engine = load_under(cfg, path, args, n_ctx)
         mem_load = gpu_memory(engine)
         for kind, n in tests:
             if engine.device.type == "cuda":

@@ -47,9 +47,7 @@ def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor]
 
 
 def run(args) -> int:
-    from ..cli import blocked_plugins
-    from ..configs import applied, parse_config
-    from ..engine import Engine
+    from ..configs import load_under, parse_config
     from ..fetch import resolve_model
 
     specs = args.config or ["default", ALL_ON]
@@ -59,10 +57,7 @@ def run(args) -> int:
     results = []
     for spec in specs:
         cfg = parse_config(spec)
-        with applied(cfg):
-            engine = Engine.load(path, backend=cfg.backend or getattr(args, "backend", None),
-                                 policy=getattr(args, "policy", None), blocked=blocked_plugins(args) + cfg.blocked,
-                                 device=getattr(args, "device", None), n_ctx=args.n_predict + 512)
+        engine = load_under(cfg, path, args, n_ctx=args.n_predict + 512)
         tokens, logits = greedy_stream(engine, args.prompt, args.n_predict)
         results.append((spec, tokens, logits, engine.tok.decode(tokens)))
         log(f"parity: {spec}: {len(tokens)} tokens")
