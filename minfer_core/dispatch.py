@@ -26,6 +26,7 @@ PHASES = ("prefill", "decode")
 PRODUCERS = ("rmsnorm", "swiglu")
 PREPASS = "prepass"
 DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
+STEPS = ("decode_step", "prefill_step")  # whole steps a plugin may wrap (minfer_wrap_<step>)
 MMQ_GATE, TRANSPOSE_GATE = "MINFER_MMQ", "MINFER_MMQ_A_TRANSPOSE"
 
 
@@ -53,6 +54,8 @@ class Plan:
     tensors: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (class, qtype)
     decode_step_order: list[str] = field(default_factory=list)
     decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv'
+    prefill_step: Optional[Candidate] = None
+    prefill_step_order: list[str] = field(default_factory=list)
 
     def labels_by_class(self) -> dict:
         """Chosen labels grouped by tensor class and quant type (for ``minfer gates -m``)."""
@@ -66,6 +69,7 @@ class Plan:
         out["attention"] = {k: c.label for k, c in self.attention.items()}
         out["decode_ops"] = {k: c.label for k, c in self.decode_ops.items()}
         out["decode_step"] = self.decode_step.label if self.decode_step else None
+        out["prefill_step"] = self.prefill_step.label if self.prefill_step else None
         return out
 
 
@@ -200,24 +204,33 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions
         offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
         plan.decode_ops[kind] = _choose(offers, ranking(policy, "decode", backend), f"producer {kind}", log, plan.notes)
-    wrappers = {impl.plugin_name: impl.function for impl in pm.hook.minfer_wrap_decode_step.get_hookimpls()}
-    plan.decode_step_order = [n for n in ranking(policy, "decode_step", backend, last_resort=False)
-                              if n in wrappers and n in usable]
-    if plan.decode_step_order:
-        first = plan.decode_step_order[0]
-        plan.decode_step = Candidate(first, f"{first}.decode_step", wrappers[first])
+    for work in STEPS:
+        hook = getattr(pm.hook, f"minfer_wrap_{work}")
+        wrappers = {impl.plugin_name: impl.function for impl in hook.get_hookimpls()}
+        order = [n for n in ranking(policy, work, backend, last_resort=False) if n in wrappers and n in usable]
+        setattr(plan, f"{work}_order", order)
+        if order:
+            setattr(plan, work, Candidate(order[0], f"{order[0]}.{work}", wrappers[order[0]]))
     log(f"fuse mode {plan.fuse_mode}" + (f" ({plan.fuse_reason})" if plan.fuse_reason else "")
-        + f"; a_transpose {plan.a_transpose}; decode step: {plan.decode_step_order or 'plain'}")
+        + f"; a_transpose {plan.a_transpose}; decode step: {plan.decode_step_order or 'plain'}"
+        + f"; prefill step: {plan.prefill_step_order or 'plain'}")
     return plan
+
+
+def wrap_step(work: str, step: Callable, ctx: LoadContext, pm, plan: Plan) -> Optional[Callable]:
+    """``step`` as the first plugin in the plan's ``<work>_order`` wraps it; None if nobody does.
+
+    ``work`` is ``"decode_step"`` or ``"prefill_step"`` (hooks ``minfer_wrap_<work>``)."""
+    for name in getattr(plan, f"{work}_order"):
+        for _, wrapped in call_each(pm, f"minfer_wrap_{work}", only=[name], step=step, ctx=ctx):
+            getattr(pm, "log", lambda m: None)(f"{work.replace('_', ' ')} wrapped by {name}")
+            return wrapped
+    return None
 
 
 def wrap_decode_step(step: Callable, ctx: LoadContext, pm, policy, plan: Plan, backend: Optional[str] = None) -> Callable:
     """The decode step as the first plugin in the plan's ``decode_step`` order wraps it (or as is)."""
-    for name in plan.decode_step_order:
-        for _, wrapped in call_each(pm, "minfer_wrap_decode_step", only=[name], step=step, ctx=ctx):
-            getattr(pm, "log", lambda m: None)(f"decode step wrapped by {name}")
-            return wrapped
-    return step
+    return wrap_step("decode_step", step, ctx, pm, plan) or step
 
 
 def torch_prepass(x: torch.Tensor) -> Activation:

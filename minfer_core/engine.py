@@ -16,11 +16,11 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .config import ModelConfig, config_from_gguf
-from .dispatch import Plan, build_plan, check_backend, make_context, wrap_decode_step
+from .dispatch import Plan, build_plan, check_backend, make_context, wrap_decode_step, wrap_step
 from .errors import UserError
 from .gguf_file import GGUFFile, ModelFileError, open_gguf
 from .loader import load_params, weights_from_file
-from .model import Runtime, Transformer
+from .model import PREFILL_ROWS, Runtime, Transformer
 from .plugins import get_plugin_manager
 from .policy import load_policy
 from .sampling import Sampler, SamplerConfig
@@ -64,11 +64,50 @@ class Generation:
     stop_reason: str = ""  # "eog", "stop", "length", "context"
 
 
+def prompt_bucket(n: int) -> int:
+    """The padded length a wrapped prefill step runs ``n`` tokens at: ``n`` rounded up to a
+    multiple of an eighth of its power of two, or of 16 (whichever is larger). Padding is then at
+    most 15 rows or 12.5%, and each octave of prompt lengths has at most 8 shapes."""
+    step = max(PREFILL_ROWS, 1 << max(n.bit_length() - 4, 0))
+    return -(-n // step) * step
+
+
+class StepInputs:
+    """Token and position of a decode step as device tensors ``(1,)``, staged through a ring of
+    pinned host buffers: the copy is asynchronous, so the host can queue the next step while the
+    GPU still runs this one (a plain ``torch.tensor(..., device=...)`` would wait for it)."""
+
+    def __init__(self, device: torch.device, slots: int = 8):
+        self.device = device
+        self.pinned = device.type == "cuda"
+        if self.pinned:
+            self.host = torch.empty(slots, 2, dtype=torch.long).pin_memory()
+            self.done: list[Optional[torch.cuda.Event]] = [None] * slots
+        self.i = 0
+
+    def __call__(self, token: int, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.pinned:
+            t = torch.tensor([token, pos], dtype=torch.long, device=self.device)
+            return t[0:1], t[1:2]
+        s = self.i % len(self.done)
+        self.i += 1
+        if self.done[s] is not None:
+            self.done[s].synchronize()  # the copy that last read this slot has run
+        self.host[s, 0], self.host[s, 1] = token, pos
+        dev = self.host[s].to(self.device, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self.done[s] = ev
+        return dev[0:1], dev[1:2]
+
+
 class Engine:
     def __init__(self, path: Path, gf: GGUFFile, cfg: ModelConfig, tok: Tokenizer, model: Transformer,
-                 plan: Plan, step: Callable, ctx, load_s: float):
+                 plan: Plan, step: Callable, ctx, load_s: float, prefill_step: Optional[Callable] = None):
         self.path, self.gf, self.cfg, self.tok, self.model = path, gf, cfg, tok, model
         self.plan, self.step, self.ctx = plan, step, ctx
+        self.prefill_step = prefill_step  # a plugin's wrapper of model.prefill_step, or None
+        self.inputs = StepInputs(model.device)
         self.timings = Timings(load_s=load_s)
         self.cached: list[int] = []  # tokens whose K/V are in the cache, in order
         self.last_prefill = 0
@@ -100,9 +139,10 @@ class Engine:
         rt = Runtime(plan, {w.name: w for w in weights})
         model = Transformer(cfg, params, rt, n_ctx, dev, kv_dtype)
         step = wrap_decode_step(model.decode_step, ctx, pm, pol, plan, backend)
+        prefill_step = wrap_step("prefill_step", model.prefill_step, ctx, pm, plan)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0)
+        return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0, prefill_step)
 
     @property
     def n_params(self) -> int:
@@ -128,7 +168,15 @@ class Engine:
         new = torch.tensor(ids[n:], dtype=torch.long, device=self.device)
         self.cached = list(ids[:n])
         self.last_prefill = len(new)  # tokens actually run (the rest came from the cache)
-        logits = self.model.forward(new, n, all_logits=all_logits)
+        padded = prompt_bucket(len(new))
+        if (self.prefill_step is not None and n == 0 and not all_logits and len(new) >= PREFILL_ROWS
+                and padded <= self.model.n_ctx):
+            tokens = torch.zeros(padded, dtype=torch.long, device=self.device)
+            tokens[:len(new)] = new
+            last = torch.tensor([len(new) - 1], dtype=torch.long, device=self.device)
+            logits = self.prefill_step(tokens, last)
+        else:
+            logits = self.model.forward(new, n, all_logits=all_logits)
         self.cached = list(ids)
         return logits
 
@@ -137,9 +185,7 @@ class Engine:
         pos = len(self.cached)
         if pos >= self.model.n_ctx:
             raise ValueError("context full")
-        t = torch.tensor([token], dtype=torch.long, device=self.device)
-        p = torch.tensor([pos], dtype=torch.long, device=self.device)
-        logits = self.step(t, p)
+        logits = self.step(*self.inputs(token, pos))
         self.cached.append(token)
         return logits[0]
 

@@ -118,6 +118,20 @@ def minfer_wrap_decode_step(step, ctx):
 
 
 @hookspec
+def minfer_wrap_prefill_step(step, ctx):
+    """Wrap the whole-prompt prefill step, e.g. to capture it as a CUDA graph per prompt length.
+
+    ``step(token_ids, last)`` runs ``token_ids`` ``(T,)`` from position 0 (an empty cache) and
+    returns the logits ``(1, vocab)`` of row ``last`` (a ``(1,)`` int64 device tensor, never read
+    on the host). The core pads prompts to a few bucket lengths before calling it (causal
+    attention keeps the padding out of the real rows), so there are few distinct shapes. Running
+    the step twice on the same inputs gives the same result. Return a callable with the same
+    signature, or ``None``. The plugin ranked first by the policy's ``prefill_step`` ordering is
+    used; with none, prompts run through the plain forward, unpadded.
+    """
+
+
+@hookspec
 def minfer_attention_candidates(phase, ctx):
     """Offer an attention kernel.
 

@@ -129,6 +129,20 @@ class Transformer:
     # -- passes ----------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
         """Process tokens (T,) at positions start..start+T-1; logits (T or 1, vocab) float32."""
+        h = self.blocks(tokens, start)
+        return self.head(h if all_logits else h[-1:])
+
+    def prefill_step(self, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Tokens (T,) from position 0; logits (1, vocab) of row ``last`` ((1,) int64, on the device).
+
+        Reads no host value of ``last``, so a prompt padded to a bucket length can be captured as
+        a CUDA graph once and replayed for every prompt of that bucket (causal attention keeps the
+        padding rows out of the real ones; their K/V rows are overwritten as the cache grows).
+        """
+        return self.head(self.blocks(tokens, 0).index_select(0, last))
+
+    def blocks(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Embed tokens (T,) at positions start..start+T-1 and run every block; hidden (T, E)."""
         cfg, c = self.cfg, self.cache
         T = tokens.shape[0]
         if start + T > self.n_ctx:
@@ -145,7 +159,7 @@ class Transformer:
             o = self.rt._run(self.rt.attn_prefill, q, c.k[i, :start + T], c.v[i, :start + T], start)
             h = h + self.rt.linear(self.p.layers[i].o, self.rt.produce(o) if T >= PREFILL_ROWS else o)
             h = h + self.ffn(i, self.rt.rmsnorm(h, self.p.ffn_norm[i], cfg.rms_eps))
-        return self.head(h if all_logits else h[-1:])
+        return h
 
     def decode_step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One token (1,) at position pos (1,) int64, both on the device; logits (1, vocab).

@@ -19,7 +19,8 @@ from .errors import UserError
 from .gates import ALL_GATES, FUSE_GATE, FUSE_MODES, PLANE_BUILDERS
 
 #: Classes of work the policy orders, in the order ``minfer gates`` shows them.
-WORK = ("prefill", "decode", "producer", "attention", "decode_step")
+WORK = ("prefill", "decode", "producer", "attention", "decode_step", "prefill_step")
+OPTIONAL_WORK = ("prefill_step",)  # may be left out of a policy file (then: nobody)
 ENV_POLICY = "MINFER_POLICY"
 _PKG = Path(__file__).resolve().parent
 DEFAULT_PATHS = (_PKG.parent / "configs" / "gates.yaml", _PKG / "gates.yaml")
@@ -158,8 +159,9 @@ class _Validator:
                 if name not in entries:
                     self.fail(f"{section}.{name}", "missing")
                 gates[name] = self.gate(entries[name], f"{section}.{name}", name, kind)
-        order = self.mapping(top["order"], "order", WORK)
-        return Policy(self.path, gates, {w: self.names(order[w], f"order.{w}") for w in WORK})
+        required = [w for w in WORK if w not in OPTIONAL_WORK]
+        order = self.mapping(top["order"], "order", required, OPTIONAL_WORK)
+        return Policy(self.path, gates, {w: self.names(order.get(w), f"order.{w}") for w in WORK})
 
     def gate(self, entry: Any, key: str, name: str, kind: str) -> GateSpec:
         common = ("default", "description", "enables", "labels")

@@ -85,3 +85,23 @@ def test_prefill_flash_attention_matches_reference(start):
     got = prefill_flash(q, k, v, start)
     # f16 inputs and f16 softmax-weighted sums: ~1e-3 relative error per output
     assert float((got - ref).norm() / ref.norm()) < 2e-3
+
+
+@pytest.mark.cuda
+def test_prefill_graph_replays_the_eager_prefill(tmp_path):
+    """cuda_graphs wraps the prefill step: a prompt bucket is captured the second time it is seen,
+    and every run gives the eager forward's logits; decoding after it matches too."""
+    path = tiny_model(tmp_path, "plane_only")
+    eng = Engine.load(path, device="cuda", n_ctx=256, progress=False)
+    assert eng.plan.prefill_step is not None and eng.plan.prefill_step.label == "cuda_graphs.prefill_step"
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    want = eng.model.forward(torch.tensor(ids, device="cuda"), 0).float()
+    d_want = eng.decode(7).float().clone()
+    for run in range(3):
+        eng.reset()
+        got = eng.prefill(ids).float()
+        assert torch.allclose(got, want, rtol=1e-3, atol=1e-3), float((got - want).abs().max())
+        assert int(got.argmax()) == int(want.argmax())
+        assert len(eng.prefill_step.fn.graphs) == (0 if run == 0 else 1)
+        assert torch.allclose(eng.decode(7).float(), d_want, rtol=1e-3, atol=1e-3)
+    assert not eng.prefill_step.fn.failed

@@ -23,7 +23,7 @@ def _ints(s: str) -> list[int]:
 def add_parser(sub):
     p = sub.add_parser("bench", help="measure prompt processing and generation speed (llama-bench style)",
                        description="For each -p N: process N random tokens from an empty cache; for each -n N: "
-                                   "generate N tokens one at a time. Each test runs once to warm up, then -r times; "
+                                   "generate N tokens one at a time. Each test runs twice to warm up (compile, capture graphs), then -r times; "
                                    "load time is excluded. Prints a markdown table (or JSON) on stdout.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
     p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default: 512; 0 = none)")

@@ -131,6 +131,7 @@ def render(r: dict) -> str:
         lines.append("  producers: " + (", ".join(f"{a} {b}" for a, b in k["producers"].items()) or "plain"))
         lines.append("  attention: " + ", ".join(f"{a} {b}" for a, b in k["attention"].items()))
         lines.append(f"  decode step: {k['decode_step'] or 'plain (not wrapped)'}")
+        lines.append(f"  prefill step: {k['prefill_step'] or 'plain (not wrapped)'}")
         lines += [f"  note: {n}" for n in m["notes"]]
     return "\n".join(lines)
 

@@ -1,6 +1,9 @@
 """Capture ``step(token_ids, positions)`` once per input shape as a CUDA graph; replay per token.
 
-The first call with a new shape/dtype key warms the step up on a side stream (Triton compiles,
+Two steps are wrapped this way: the decode step (one token at ``positions``) and the prefill step
+(a prompt padded to a bucket length, ``positions`` being the row whose logits it returns).
+
+The first call with a new shape/dtype key (after ``capture_after`` eager calls) warms the step up on a side stream (Triton compiles,
 lazily built planes and caches appear outside the capture), captures one call into a graph, then
 replays it. Later calls copy the inputs into the graph's static buffers, replay, and return the
 graph's static logits: the returned tensor is overwritten by the next call (read or copy it
@@ -10,7 +13,8 @@ Keys hold shapes, dtypes and the device only: never a gate or environment value.
 fails the step runs eagerly from then on for that key, and one line goes to stderr.
 
 Warm-up and capture run the step on the very inputs of that first call. A decode step writes the
-KV cache at ``positions`` and reads up to it, so running it again on the same inputs is harmless.
+KV cache at ``positions`` and reads up to it, and a prefill step writes and reads rows from 0, so
+running either again on the same inputs is harmless.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from minfer_core.weights import Candidate
 
 PLUGIN = "cuda_graphs"
 LABEL = "graph.decode"
+PREFILL_LABEL = "graph.prefill"
 WARMUP = 2
 
 
@@ -39,10 +44,14 @@ class _Captured:
 class GraphedStep:
     """A decode step that replays CUDA graphs (one per input key), eager where capture failed."""
 
-    def __init__(self, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device, warmup: int = WARMUP):
+    def __init__(self, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device, warmup: int = WARMUP,
+                 capture_after: int = 0, what: str = "decode"):
         self.step = step
         self.device = torch.device(device)
         self.warmup = warmup
+        self.capture_after = capture_after  # eager calls per key before capturing (a one-off shape costs nothing)
+        self.what = what
+        self.seen: dict[tuple, int] = {}
         self.graphs: dict[tuple, _Captured] = {}
         self.failed: dict[tuple, str] = {}
         self.pool = None  # one memory pool shared by every graph of this step
@@ -55,7 +64,8 @@ class GraphedStep:
         key = self.key(token_ids, positions)
         cap = self.graphs.get(key)
         if cap is None:
-            if key in self.failed:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if key in self.failed or self.seen[key] <= self.capture_after:
                 return self.step(token_ids, positions)
             cap = self._capture(key, token_ids, positions)
             if cap is None:
@@ -85,7 +95,7 @@ class GraphedStep:
             torch.cuda.synchronize(self.device)
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.failed[key] = why
-            print(f"[minfer cuda_graphs] capture failed, decode runs eagerly: {why}", file=sys.stderr, flush=True)
+            print(f"[minfer cuda_graphs] capture failed, {self.what} runs eagerly: {why}", file=sys.stderr, flush=True)
             return None
         self.pool = graph.pool()
         cap = _Captured(graph, tokens, pos, logits)
@@ -106,3 +116,9 @@ class StepCandidate(Candidate):
 
 def graphed_step(step: Callable, device) -> StepCandidate:
     return StepCandidate(PLUGIN, LABEL, GraphedStep(step, device))
+
+
+def graphed_prefill(step: Callable, device) -> StepCandidate:
+    """The prefill step: captured at the second prompt of a bucket length (the first runs eagerly
+    and is the warm-up), one warm-up on the capture stream, then replayed."""
+    return StepCandidate(PLUGIN, PREFILL_LABEL, GraphedStep(step, device, warmup=1, capture_after=1, what="prefill"))

@@ -1,7 +1,8 @@
 """Hook implementations of the ``cuda_graphs`` plugin (the graph machinery is in ``graph``).
 
 Turn it off with ``-p no:cuda_graphs`` (blocks the plugin), ``MINFER_LOAD_PLUGINS`` without it,
-or a policy whose ``order.decode_step`` does not list it; decode then runs eagerly.
+or a policy whose ``order.decode_step`` (``order.prefill_step``) does not list it; decode
+(prompts) then run eagerly.
 """
 
 from __future__ import annotations
@@ -25,3 +26,10 @@ def minfer_wrap_decode_step(step, ctx):
     from .graph import graphed_step
 
     return graphed_step(step, ctx.device)
+
+
+@hookimpl
+def minfer_wrap_prefill_step(step, ctx):
+    from .graph import graphed_prefill
+
+    return graphed_prefill(step, ctx.device)

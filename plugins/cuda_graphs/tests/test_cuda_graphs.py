@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minfer_core.weights import Candidate, LoadContext  # noqa: E402
 from minfer_cuda_graphs import plugin  # noqa: E402
-from minfer_cuda_graphs.graph import LABEL, GraphedStep, graphed_step  # noqa: E402
+from minfer_cuda_graphs.graph import LABEL, PREFILL_LABEL, GraphedStep, graphed_prefill, graphed_step  # noqa: E402
 
 
 def _ctx(device: str) -> LoadContext:
@@ -36,7 +36,7 @@ def test_hooks_register_with_the_core_specs():
     pm.add_hookspecs(specs)
     pm.register(plugin, name="cuda_graphs")
     names = {h.name for h in pm.get_hookcallers(plugin)}
-    assert names == {"minfer_applicable", "minfer_wrap_decode_step"}
+    assert names == {"minfer_applicable", "minfer_wrap_decode_step", "minfer_wrap_prefill_step"}
     assert all(h.has_spec() for h in pm.get_hookcallers(plugin))
 
 
@@ -45,6 +45,8 @@ def test_wrapped_step_is_a_callable_candidate():
     assert isinstance(c, Candidate) and callable(c)
     assert (c.plugin, c.label) == ("cuda_graphs", LABEL)
     assert isinstance(c.fn, GraphedStep)
+    p = graphed_prefill(lambda t, last: t, "cpu")
+    assert (p.plugin, p.label, p.fn.capture_after) == ("cuda_graphs", PREFILL_LABEL, 1)
 
 
 # -- GPU ------------------------------------------------------------------------------------------
@@ -103,3 +105,13 @@ def test_capture_failure_falls_back_to_eager_once(capsys):
         assert step(*_ids(0, i)).flatten()[0].item() == i
     assert len(step.failed) == 1 and not step.graphs
     assert capsys.readouterr().err.count("capture failed") == 1
+
+
+@pytest.mark.cuda
+def test_capture_after_runs_the_first_calls_eagerly():
+    eager, graphed = ToyStep(), ToyStep()
+    step = GraphedStep(graphed, "cuda", warmup=1, capture_after=1)
+    for i, tok in enumerate([5, 17, 3]):
+        assert torch.equal(step(*_ids(tok, i)), eager(*_ids(tok, i)))
+        assert len(step.graphs) == (0 if i == 0 else 1)
+    assert graphed.calls == 1 + 1 + 1  # eager first call, one warm-up, one capture; then replays

@@ -1,0 +1,102 @@
+"""Where the GPU time of a prefill and of a decode step goes (kernel table from torch.profiler).
+
+    python benchmarks/profile_step.py MODEL.gguf [--pp 512] [--tokens 16] [--top 30]
+
+Prints, for an eager prefill of ``--pp`` random tokens and for ``--tokens`` eager decode steps:
+wall time, the sum of GPU kernel time, and the kernels taking the most GPU time. Then the
+per-rep wall times of ``--reps`` prefills (to see whether the first ones run slower) and the
+decode step as the engine runs it (CUDA graph replay) per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minfer_core.bench import _random_ids
+from minfer_core.engine import Engine
+
+
+def kernel_table(prof, top: int, per: int = 1) -> str:
+    rows = []
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if t <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        rows.append((t, e.count, e.key))
+        total += t
+    rows.sort(reverse=True)
+    out = [f"  GPU kernel time: {total / 1e3 / per:.3f} ms per run"]
+    for t, n, k in rows[:top]:
+        out.append(f"  {t / 1e3 / per:8.3f} ms {n // per:5d}x  {k[:110]}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--top", type=int, default=30)
+    a = ap.parse_args()
+    eng = Engine.load(a.model, progress=False)
+    dev = eng.device
+    ids = _random_ids(eng, a.pp, 1)
+
+    # prefill: wall time per rep right after load (warm-up effects), then the profile
+    for r in range(a.reps):
+        eng.reset()
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        eng.prefill(ids)
+        torch.cuda.synchronize(dev)
+        dt = time.perf_counter() - t0
+        print(f"prefill rep {r}: {dt * 1e3:.2f} ms = {a.pp / dt:,.0f} tok/s", flush=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        eng.reset()
+        t0 = time.perf_counter()
+        eng.prefill(ids)
+        torch.cuda.synchronize(dev)
+        dt = time.perf_counter() - t0
+    print(f"\n== prefill pp{a.pp} (eager, profiled): wall {dt * 1e3:.2f} ms")
+    print(kernel_table(prof, a.top))
+
+    # decode: eager steps (the model's own decode_step, no graph)
+    model = eng.model
+    toks = _random_ids(eng, a.tokens, 2)
+    base = a.pp
+    for i, t in enumerate(toks[:3]):  # warm-up
+        model.decode_step(torch.tensor([t], device=dev), torch.tensor([base + i], device=dev))
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i, t in enumerate(toks):
+            model.decode_step(torch.tensor([t], device=dev), torch.tensor([base + i], device=dev))
+        torch.cuda.synchronize(dev)
+        dt = time.perf_counter() - t0
+    print(f"\n== decode step (eager, profiled): wall {dt * 1e3 / a.tokens:.3f} ms per token")
+    print(kernel_table(prof, a.top, per=a.tokens))
+
+    # decode as the engine runs it (graph replay when cuda_graphs is in force)
+    eng.reset()
+    eng.prefill(ids[:8])
+    for t in toks[:4]:
+        eng.decode(t)
+    torch.cuda.synchronize(dev)
+    n = 64
+    t0 = time.perf_counter()
+    for i in range(n):
+        eng.decode(toks[i % len(toks)])
+    torch.cuda.synchronize(dev)
+    dt = (time.perf_counter() - t0) / n
+    print(f"\n== decode via engine ({eng.plan.decode_step.label if eng.plan.decode_step else 'eager'}): "
+          f"{dt * 1e3:.3f} ms per token = {1 / dt:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()

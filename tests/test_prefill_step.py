@@ -1,0 +1,69 @@
+"""The whole-prompt prefill step a plugin may wrap (CUDA graphs): bucket lengths, and padding that
+changes nothing. Oracle: the plain, unpadded forward of the same model (reference backend)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from minfer_core.engine import Engine, prompt_bucket
+from minfer_core.synth import synthesize, tiny_layout, write_layout
+
+
+@pytest.mark.parametrize("n,want", [(16, 16), (17, 32), (100, 112), (128, 128), (512, 512), (513, 576),
+                                    (3314, 3328), (4096, 4096)])
+def test_bucket_lengths(n, want):
+    assert prompt_bucket(n) == want
+
+
+def test_bucket_padding_is_bounded():
+    for n in range(16, 9000):
+        b = prompt_bucket(n)
+        assert n <= b <= n + max(15, n // 8)
+    assert len({prompt_bucket(n) for n in range(1025, 2049)}) == 8  # 1152, 1280, ..., 2048
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prefill_step")
+    md, ts = tiny_layout("qwen2", QT.Q8_0)
+    write_layout(d / "t.layout.gguf", md, ts)
+    synthesize(d / "t.layout.gguf", d / "t.gguf", progress=False)
+    return Engine.load(d / "t.gguf", backend="reference", device="cpu", n_ctx=128, progress=False)
+
+
+def test_padded_prefill_step_equals_the_forward(engine):
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
+    want = engine.model.forward(ids, 0)
+    padded = torch.cat([ids, torch.zeros(prompt_bucket(40) - 40, dtype=torch.long)])
+    got = engine.model.prefill_step(padded, torch.tensor([39]))
+    assert got.shape == want.shape == (1, engine.cfg.vocab_size)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), float((got - want).abs().max())
+
+
+def test_engine_pads_through_a_wrapper_and_decodes_as_unpadded(engine):
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    engine.reset()
+    want = engine.prefill(ids).clone()  # no wrapper: the plain forward
+    d_want = [engine.decode(t).clone() for t in (5, 6)]
+    calls = []
+
+    def wrapper(tokens, last):
+        calls.append((tokens.shape[0], int(last)))
+        return engine.model.prefill_step(tokens, last)
+
+    engine.prefill_step = wrapper
+    try:
+        engine.reset()
+        got = engine.prefill(ids)
+        d_got = [engine.decode(t) for t in (5, 6)]
+        engine.prefill(ids + [5, 6, 9])  # a continuation reuses the cache: plain forward, no wrapper
+        engine.reset()
+        engine.prefill(ids[:10])  # under 16 tokens: plain forward
+    finally:
+        engine.prefill_step = None
+    assert calls == [(48, 39)]
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(d_got, d_want):  # the padding's K/V rows never reach a later token
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
