@@ -59,9 +59,9 @@ class Runtime:
         self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
         self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]
 
-    def _run(self, kernel, *args):
+    def _run(self, kernel, *args, **kw):
         self.counts[kernel.label] += 1
-        return kernel.fn(*args)
+        return kernel.fn(*args, **kw)
 
     def linear(self, name: str, x) -> torch.Tensor:
         """x: Activation (prefill) or f32 tensor (M, K) -> f32 (M, N)."""
@@ -71,6 +71,36 @@ class Runtime:
             return self._run(self.plan.prefill[name], act)
         f32 = x.f32 if isinstance(x, Activation) else x
         return self._run(self.plan.decode[name], f32)
+
+    def decode_linear(self, name: str, x: torch.Tensor, residual: torch.Tensor | None = None,
+                      norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
+        """Single-token ``[residual +] f(x) @ W.T`` where ``f`` is an optional RMSNorm (``norm=(w,
+        eps)``) or SwiGLU; each piece runs inside the kernel when its candidate ``fuses`` it."""
+        c = self.plan.decode[name]
+        kw = {}
+        if norm is not None:
+            if "rmsnorm" in c.fuses:
+                kw["norm"] = norm
+            else:
+                x = self._run(self.dec_rmsnorm, x, *norm)
+        if swiglu:
+            if "swiglu" in c.fuses:
+                kw["swiglu"] = True
+            else:
+                g, u = x.chunk(2, dim=-1)
+                x = F.silu(g) * u
+        if residual is not None and "residual" in c.fuses:
+            kw["residual"], residual = residual, None
+        y = self._run(c, x, **kw) if kw else self._run(c, x)
+        return y if residual is None else residual + y
+
+    def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple) -> list[torch.Tensor]:
+        """``x @ W.T`` of each weight for ``x = rmsnorm(h)``: fused into every kernel when all of
+        them can, else one RMSNorm launch shared by all."""
+        if all("rmsnorm" in self.plan.decode[n].fuses for n in names):
+            return [self.decode_linear(n, h, norm=norm) for n in names]
+        a = self._run(self.dec_rmsnorm, h, *norm)
+        return [self.decode_linear(n, a) for n in names]
 
     def produce(self, x: torch.Tensor) -> Activation:
         """Wrap an f32 activation for its consumers (the prepass writes the plane once)."""
@@ -121,10 +151,8 @@ class Transformer:
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         if h.shape[0] < PREFILL_ROWS:
-            x = self.rt._run(self.rt.dec_rmsnorm, h, self.p.out_norm, self.cfg.rms_eps)
-        else:
-            x = rmsnorm(h, self.p.out_norm, self.cfg.rms_eps)
-        return self.rt.linear("output", x)
+            return self.rt.decode_normed(["output"], h, (self.p.out_norm, self.cfg.rms_eps))[0]
+        return self.rt.linear("output", rmsnorm(h, self.p.out_norm, self.cfg.rms_eps))
 
     # -- passes ----------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
@@ -172,10 +200,13 @@ class Transformer:
         neox = cfg.rope_style == "neox"
         h = self.embed(token)
         for i in range(cfg.n_layers):
-            a = rt._run(rt.dec_rmsnorm, h, self.p.attn_norm[i], cfg.rms_eps)
-            q, k, v = self.qkv(i, a)
+            lw = self.p.layers[i]
+            qkv = rt.decode_normed(lw.attn, h, (self.p.attn_norm[i], cfg.rms_eps))
+            q, k, v = qkv[0].split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1) if len(qkv) == 1 else qkv
             q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
             o = rt._run(rt.attn_decode, q, c.k[i], c.v[i], n_valid)
-            h = h + rt.linear(self.p.layers[i].o, o.view(1, -1))
-            h = h + self.ffn(i, rt._run(rt.dec_rmsnorm, h, self.p.ffn_norm[i], cfg.rms_eps))
+            h = rt.decode_linear(lw.o, o.view(1, -1), residual=h)
+            gu = rt.decode_normed(lw.ffn, h, (self.p.ffn_norm[i], cfg.rms_eps))
+            gu = gu[0] if len(gu) == 1 else torch.cat(gu, dim=-1)
+            h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
         return self.head(h)

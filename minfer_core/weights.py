@@ -66,6 +66,11 @@ class Candidate:
     recorded each time the kernel runs (e.g. ``mmq.q4k.nb``). ``fn``: the callable; for matmuls
     ``fn(act: Activation | Tensor) -> Tensor``, for producers see the core's producer contract.
     ``gate``: the gate this candidate depends on, if any (for ``minfer gates``).
+    ``fuses`` (decode matmuls): what ``fn`` also does when asked through keywords, so the step
+    needs fewer launches: ``"residual"``: ``fn(x, residual=r)`` returns ``r + x @ W.T (+ b)``;
+    ``"rmsnorm"``: ``fn(h, norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight;
+    ``"swiglu"``: ``fn(gu, swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``.
+    The core does whatever a candidate does not fuse itself.
     """
 
     plugin: str
@@ -73,6 +78,7 @@ class Candidate:
     fn: Callable[..., Any]
     gate: Optional[str] = None
     reads: tuple[str, ...] = ("f32",)
+    fuses: tuple[str, ...] = ()
 
 
 @dataclass

@@ -14,6 +14,10 @@ Kernels: float GEMVs (``gemv_kquant``, ``gemv_legacy``; ~1e-7 of ``sum |x w|``) 
 and for q4_K / q6_K weights of 16 MiB or more int8 dot products over a two-digit int8 copy of x
 (``gemv_q8dot``; ~1e-5). Short, wide matrices split the row over several programs
 (``gemv_split``, deterministic). :func:`decode_config` holds the measured choices.
+
+Fused pieces (``Candidate.fuses``, keyword arguments of ``fn``): every GEMV of a weight without a
+bias adds ``residual=`` in its epilogue; the int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of
+x) and ``swiglu=True`` (x is ``[g | u]``), done by the kernel that quantizes x.
 """
 
 from __future__ import annotations
@@ -70,7 +74,12 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
     return split
 
 
-def decode_config(qtype, n: int, k: int) -> tuple[int, int, int, int, int]:
+#: Roles whose input is an RMSNorm output: there the int8 path's quantizing launch replaces the
+#: norm's own launch, so it pays at any size (other weights need INT8_MIN_BYTES).
+INT8_NORM_ROLES: tuple[str, ...] = ("gate_up", "output")
+
+
+def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int, int, int]:
     """``(BN, BB, num_warps, MODE, SPLIT)`` for a weight of ``n`` rows and ``k`` columns."""
     from minfer_core.quants import info
 
@@ -79,7 +88,7 @@ def decode_config(qtype, n: int, k: int) -> tuple[int, int, int, int, int]:
     max_split = 64
     if qt in KQUANTS:
         nb = k // 256
-        if qt in KQUANT_INT8 and nbytes >= INT8_MIN_BYTES:
+        if qt in KQUANT_INT8 and (nbytes >= INT8_MIN_BYTES or role in INT8_NORM_ROLES):
             bn, cap, warps, mode = KQUANT_INT8[qt]
             max_split = INT8_MAX_SPLIT[qt]
         else:
@@ -109,47 +118,65 @@ def prepare(weight: Weight):
     return plane
 
 
-def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
-              config: Optional[tuple] = None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``fn(x (M, K) f32) -> (M, n) f32`` over prepared ``data`` (see :func:`prepare`).
+def fuses(config: tuple, bias) -> tuple[str, ...]:
+    """What ``fn`` fuses besides the matmul (see the module docstring) under ``config``."""
+    mode = config[3] if len(config) > 3 else 0
+    out = () if bias is not None else ("residual",)
+    return out + (("rmsnorm", "swiglu") if mode == 2 else ())
 
-    ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT]])``, default :func:`decode_config`."""
+
+def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
+              config: Optional[tuple] = None, role: str = "") -> Callable[..., torch.Tensor]:
+    """``fn(x (M, K) f32, residual=None, norm=None, swiglu=False) -> (M, n) f32`` over prepared
+    ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves.
+
+    ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])``, default :func:`decode_config`."""
     from . import gemv_kquant, gemv_legacy, gemv_q8dot, gemv_split  # kernels load lazily
 
     qt = QT(qtype)
-    bn, bb, warps, *rest = config or decode_config(qt, n, k)
+    config = config or decode_config(qt, n, k, role)
+    bn, bb, warps, *rest = config
     mode = rest[0] if rest else 0
     deq = mode == 1
     nb = k // (256 if qt in KQUANTS else 32)
-    split = rest[1] if len(rest) > 1 else decode_config(qt, n, k)[4]
+    split = rest[1] if len(rest) > 1 else decode_config(qt, n, k, role)[4]
+    stages = rest[2] if len(rest) > 2 else 3  # Triton's num_stages (software pipelining of the loop)
     scratch = gemv_split.SplitScratch(n, bn, split)
     if mode == 2:
         if qt not in (QT.Q4_K, QT.Q6_K):
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
         q6 = qt == QT.Q6_K
 
-        def run(x):
-            return gemv_q8dot.gemv_i8(x, data, q6, bias, bn, bb, warps, split, scratch)
+        def run(x, res, norm, swiglu):
+            return gemv_q8dot.gemv_i8(x, data, q6, bias, bn, bb, warps, split, scratch, res, norm, swiglu, stages)
     elif qt in (QT.Q4_K, QT.Q5_K):
         five = qt == QT.Q5_K
 
-        def run(x):
-            return gemv_kquant.gemv_q45k(x, data, five, bias, bn, bb, warps, deq, split, scratch)
+        def run(x, res, norm, swiglu):
+            return gemv_kquant.gemv_q45k(x, data, five, bias, bn, bb, warps, deq, split, scratch, res)
     elif qt == QT.Q6_K:
-        def run(x):
-            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch)
+        def run(x, res, norm, swiglu):
+            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res)
     else:
         name = qt.name.lower()
 
-        def run(x):
-            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch)
+        def run(x, res, norm, swiglu):
+            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch, res)
 
-    def fn(x: torch.Tensor) -> torch.Tensor:
+    fused = fuses(config, bias)
+
+    def fn(x: torch.Tensor, residual: Optional[torch.Tensor] = None, norm: Optional[tuple] = None,
+           swiglu: bool = False) -> torch.Tensor:
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.float().contiguous()
-        return run(x)
+        if (norm is not None or swiglu) and "rmsnorm" not in fused:
+            raise ValueError("this GEMV fuses neither RMSNorm nor SwiGLU (see fn.fuses)")
+        res = residual if "residual" in fused else None
+        y = run(x, None if res is None else res.float().contiguous(), norm, swiglu)
+        return y if residual is None or res is not None else y + residual
 
     fn.scratch = scratch  # split-K buffers (tests check the counters return to zero)
+    fn.fuses = fused
     return fn
 
 
@@ -167,16 +194,18 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
     if qt not in SUPPORTED or weight.n_in % block:
         return []
     label = f"mmq.gemv.{qt.name.lower()}"
+    fused = fuses(decode_config(qt, weight.n_out, weight.n_in, weight.role), weight.bias)
     if weight.raw is None and (qt in (QT.Q4_K, QT.Q5_K) or gemv_pack.KEY not in weight.planes):
         state: dict = {}
 
-        def lazy(x: torch.Tensor) -> torch.Tensor:
+        def lazy(x: torch.Tensor, **kw) -> torch.Tensor:
             if "fn" not in state:
                 if weight.raw is None and gemv_pack.KEY not in weight.planes:
                     raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
-                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in)
-            return state["fn"](x)
+                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in,
+                                        role=weight.role)
+            return state["fn"](x, **kw)
 
-        return [Candidate(PLUGIN, label, lazy)]
-    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in)
-    return [Candidate(PLUGIN, label, fn)]
+        return [Candidate(PLUGIN, label, lazy, fuses=fused)]
+    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, role=weight.role)
+    return [Candidate(PLUGIN, label, fn, fuses=fused)]

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
 
 from .gemv_pack import Q6KDecodePlane
 
@@ -52,7 +52,7 @@ def _gemv_q45k_kernel(
     # pointers: x, raw rows as bytes and as int32 words, bias, y
     x_ptr, w8_ptr, w32_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     # sizes and strides (elements)
-    N, NB, stride_xm, stride_ym, n_blocks,
+    N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     # meta
     FIVE: tl.constexpr, TS: tl.constexpr, QS: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
@@ -142,14 +142,14 @@ def _gemv_q45k_kernel(
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
     else:
         y = tl.sum(acc, axis=1)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS, SPLIT)
 
 
 @triton.jit
 def _gemv_q6k_kernel(
     x_ptr, w8_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
-    N, NB, stride_xm, stride_ym, n_blocks,
+    N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """q6_K over its decode plane (208-byte blocks ``ql | qh | scales`` + f16 ``d``).
@@ -239,7 +239,7 @@ def _gemv_q6k_kernel(
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
     else:
         y = tl.sum(acc, axis=1)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS, SPLIT)
 
 
@@ -251,18 +251,20 @@ def _even(nb: int, bb: int, split: int) -> bool:
 
 def gemv_q45k(x: torch.Tensor, raw: torch.Tensor, five: bool, bias: torch.Tensor | None,
               bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
-              scratch: SplitScratch | None = None) -> torch.Tensor:
-    """q4_K / q5_K raw rows ``(N, NB * TS)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``."""
+              scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """q4_K / q5_K raw rows ``(N, NB * TS)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``
+    (plus ``residual`` ``(M, N)`` when given)."""
     n = raw.shape[0]
     nb = raw.shape[1] // (176 if five else 144)
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     scratch = scratch or SplitScratch(n, bn, split)
     part, cnt = scratch.get(m, x.device)
+    b, sbm, has_bias = bias_or_residual(bias, residual, y)
     _gemv_q45k_kernel[(scratch.n_blocks, split, m)](
-        x, raw, raw.view(torch.int32), bias if bias is not None else y, y, part, cnt,
-        n, nb, x.stride(0), y.stride(0), scratch.n_blocks,
-        FIVE=five, TS=176 if five else 144, QS=48 if five else 16, HAS_BIAS=bias is not None,
+        x, raw, raw.view(torch.int32), b, y, part, cnt,
+        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
+        FIVE=five, TS=176 if five else 144, QS=48 if five else 16, HAS_BIAS=has_bias,
         EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split, num_warps=num_warps,
     )
     return y
@@ -270,17 +272,18 @@ def gemv_q45k(x: torch.Tensor, raw: torch.Tensor, five: bool, bias: torch.Tensor
 
 def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
              bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
-             scratch: SplitScratch | None = None) -> torch.Tensor:
-    """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``."""
+             scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (plus ``residual``)."""
     n, nb = plane.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     scratch = scratch or SplitScratch(n, bn, split)
     part, cnt = scratch.get(m, x.device)
+    b, sbm, has_bias = bias_or_residual(bias, residual, y)
     _gemv_q6k_kernel[(scratch.n_blocks, split, m)](
-        x, plane.w, plane.w.view(torch.int8), plane.d, bias if bias is not None else y, y, part, cnt,
-        n, nb, x.stride(0), y.stride(0), scratch.n_blocks,
-        HAS_BIAS=bias is not None, EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
+        x, plane.w, plane.w.view(torch.int8), plane.d, b, y, part, cnt,
+        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
+        HAS_BIAS=has_bias, EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
         num_warps=num_warps,
     )
     return y

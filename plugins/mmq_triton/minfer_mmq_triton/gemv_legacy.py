@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
 
 from .gemv_pack import LegacyPlane
 
@@ -32,7 +32,7 @@ def _gemv_legacy_kernel(
     # pointers
     x_ptr, qs_ptr, qh_ptr, d_ptr, m_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     # sizes and strides (elements)
-    N, NB, stride_xm, stride_ym, n_blocks,
+    N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     # meta
     QT: tl.constexpr, QB: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BN: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
@@ -117,14 +117,14 @@ def _gemv_legacy_kernel(
             b_coef = mn - a_coef
         acc += a_coef * s + b_coef * xs[None, :]
     y = tl.sum(acc, axis=1)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS, SPLIT)
 
 
 def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch.Tensor | None,
                 bn: int, bb: int, num_warps: int, split: int = 1,
-                scratch: SplitScratch | None = None) -> torch.Tensor:
-    """``x`` float32 ``(M, K)`` contiguous rows -> float32 ``(M, N)``."""
+                scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` float32 ``(M, K)`` contiguous rows -> float32 ``(M, N)`` (plus ``residual``)."""
     from .gemv_kquant import _even
 
     n, nb = plane.d.shape
@@ -134,10 +134,11 @@ def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch
     mn = plane.m if plane.m is not None else plane.d
     scratch = scratch or SplitScratch(n, bn, split)
     part, cnt = scratch.get(m, x.device)
+    b, sbm, has_bias = bias_or_residual(bias, residual, y)
     _gemv_legacy_kernel[(scratch.n_blocks, split, m)](
-        x, plane.qs, qh, plane.d, mn, bias if bias is not None else y, y, part, cnt,
-        n, nb, x.stride(0), y.stride(0), scratch.n_blocks,
-        QT=TYPE_IDS[type_name], QB=plane.qs.shape[1] // nb, HAS_BIAS=bias is not None,
+        x, plane.qs, qh, plane.d, mn, b, y, part, cnt,
+        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
+        QT=TYPE_IDS[type_name], QB=plane.qs.shape[1] // nb, HAS_BIAS=has_bias,
         EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split, num_warps=num_warps,
     )
     return y

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
 
 QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
 
@@ -39,13 +39,31 @@ def _dp4a(a, b, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _quant_x_kernel(x_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, QB: tl.constexpr):
-    """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums."""
+def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps,
+                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr):
+    """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums.
+
+    PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
+    sums the squares of the whole row, RB values at a time); 2 SwiGLU of a (M, 2K) row
+    ``[g | u]``: ``silu(g) * u``.
+    """
     m = tl.program_id(0)
     b = tl.program_id(1) * QB + tl.arange(0, QB)
     bmask = b < K // 32
     off = (b * 32)[:, None, None] + (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
-    x = tl.load(x_ptr + m * stride_xm + off, mask=bmask[:, None, None], other=0.0)
+    row = x_ptr + m * stride_xm
+    x = tl.load(row + off, mask=bmask[:, None, None], other=0.0)
+    if PRO == 1:
+        sq = tl.zeros([RB], dtype=tl.float32)
+        for k0 in range(0, K, RB):
+            r = k0 + tl.arange(0, RB)
+            v = tl.load(row + r, mask=r < K, other=0.0)
+            sq += v * v
+        rs = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        x = x * rs * tl.load(nw_ptr + off, mask=bmask[:, None, None], other=0.0)
+    if PRO == 2:
+        u = tl.load(row + K + off, mask=bmask[:, None, None], other=0.0)
+        x = x * tl.sigmoid(x) * u
     amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     t = x * inv[:, None, None]
@@ -76,7 +94,7 @@ def _k_scale_min(h1, h2, h3, j):
 @triton.jit
 def _gemv_q4k_i8_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
-    N, NB, stride_ym, n_blocks,
+    N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
 ):
@@ -144,14 +162,14 @@ def _gemv_q4k_i8_kernel(
         dot_hi = (ih_hi + il_hi * (1.0 / 256.0)) * s_hi[None, :]
         acc += d * (sc_lo * dot_lo + sc_hi * dot_hi) - dmin * (mn_lo * x_lo[None, :] + mn_hi * x_hi[None, :])
     y = tl.sum(acc, axis=1)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS, SPLIT)
 
 
 @triton.jit
 def _gemv_q6k_i8_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
-    N, NB, stride_ym, n_blocks,
+    N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
     SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
 ):
@@ -206,28 +224,38 @@ def _gemv_q6k_i8_kernel(
                          + sr[None, None, :], mask=gm, other=0).to(tl.float32)
             acc += (d * sc) * ((ih + il * (1.0 / 256.0)) * xs - 32.0 * x16)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS, SPLIT)
 
 
-def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums)."""
+def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False) -> tuple[torch.Tensor, ...]:
+    """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums).
+
+    ``norm=(w, eps)``: quantize ``rmsnorm(x) * w`` instead; ``swiglu``: x is ``(M, 2K)`` ``[g | u]``
+    and ``silu(g) * u`` is quantized (the decode step's elementwise ops, fused here)."""
     m, k = x.shape
+    if swiglu:
+        k //= 2
     xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
     xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
     xs = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
     x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
-    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, xh, xl, xs, x16, k, x.stride(0),
-                                                            QB=QUANT_BLOCKS, num_warps=4)
+    pro = 1 if norm is not None else 2 if swiglu else 0
+    nw, eps = norm if norm is not None else (x, 0.0)
+    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps),
+                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, num_warps=4)
     return xh.view(torch.int32), xl.view(torch.int32), xs, x16
 
 
 def gemv_i8(x: torch.Tensor, data, q6: bool, bias: torch.Tensor | None, bn: int, bb: int,
-            num_warps: int, split: int, scratch: SplitScratch) -> torch.Tensor:
-    """q4_K raw rows (``q6=False``) or a q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)``."""
+            num_warps: int, split: int, scratch: SplitScratch, residual: torch.Tensor | None = None,
+            norm: tuple | None = None, swiglu: bool = False, num_stages: int = 3) -> torch.Tensor:
+    """q4_K raw rows (``q6=False``) or a q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)``.
+
+    ``norm``/``swiglu``: see :func:`quantize_x`; ``residual`` ``(M, N)`` is added to the result."""
     from .gemv_kquant import _even
 
-    xh, xl, xs, x16 = quantize_x(x)
+    xh, xl, xs, x16 = quantize_x(x, norm, swiglu)
     m = x.shape[0]
     if q6:
         n, nb = data.d.shape
@@ -237,14 +265,14 @@ def gemv_i8(x: torch.Tensor, data, q6: bool, bias: torch.Tensor | None, bn: int,
         w32 = data.view(torch.int32)
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     part, cnt = scratch.get(m, x.device)
-    meta = dict(HAS_BIAS=bias is not None, EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
-                USE_ASM=x.is_cuda, num_warps=num_warps)
-    b = bias if bias is not None else y
+    b, sbm, has_bias = bias_or_residual(bias, residual, y)
+    meta = dict(HAS_BIAS=has_bias, EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
+                USE_ASM=x.is_cuda, num_warps=num_warps, num_stages=num_stages)
     grid = (scratch.n_blocks, split, m)
     if q6:
         _gemv_q6k_i8_kernel[grid](xh, xl, xs, x16, w32, data.w.view(torch.int8), data.d, b, y, part, cnt,
-                                  n, nb, y.stride(0), scratch.n_blocks, **meta)
+                                  n, nb, y.stride(0), sbm, scratch.n_blocks, **meta)
     else:
-        _gemv_q4k_i8_kernel[grid](xh, xl, xs, x16, w32, b, y, part, cnt, n, nb, y.stride(0),
+        _gemv_q4k_i8_kernel[grid](xh, xl, xs, x16, w32, b, y, part, cnt, n, nb, y.stride(0), sbm,
                                   scratch.n_blocks, **meta)
     return y

@@ -25,13 +25,16 @@ def split_range(NB, s, SPLIT: tl.constexpr, BB: tl.constexpr):
 
 
 @triton.jit
-def store_rows(y, rows, N, xm, pid_n, s, y_ptr, stride_ym, bias_ptr, part_ptr, cnt_ptr, n_blocks,
+def store_rows(y, rows, N, xm, pid_n, s, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
-    """Write row sums ``y`` [BN] of activation row ``xm`` (directly, or through the split scratch)."""
+    """Write row sums ``y`` [BN] of activation row ``xm`` (directly, or through the split scratch).
+
+    ``bias_ptr + xm * stride_bm`` is added: a bias vector (``stride_bm = 0``) or, with the row
+    stride of an ``(M, N)`` tensor, a residual (the decode step's ``h + x @ W.T`` in one kernel)."""
     rmask = rows < N
     if SPLIT == 1:
         if HAS_BIAS:
-            y += tl.load(bias_ptr + rows, mask=rmask, other=0.0)
+            y += tl.load(bias_ptr + xm * stride_bm + rows, mask=rmask, other=0.0)
         tl.store(y_ptr + xm * stride_ym + rows, y, mask=rmask)
     else:
         part = part_ptr + xm * (SPLIT * N)
@@ -44,7 +47,7 @@ def store_rows(y, rows, N, xm, pid_n, s, y_ptr, stride_ym, bias_ptr, part_ptr, c
             for t in tl.static_range(1, SPLIT):
                 tot += tl.load(part + t * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
-                tot += tl.load(bias_ptr + rows, mask=rmask, other=0.0)
+                tot += tl.load(bias_ptr + xm * stride_bm + rows, mask=rmask, other=0.0)
             tl.store(y_ptr + xm * stride_ym + rows, tot, mask=rmask)
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
@@ -68,3 +71,12 @@ class SplitScratch:
                        torch.zeros(m * self.n_blocks, dtype=torch.int32, device=device))
             self._bufs[key] = buf
         return buf
+
+
+def bias_or_residual(bias: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor):
+    """``(pointer tensor, row stride, HAS_BIAS)`` for :func:`store_rows`: at most one of the two
+    (the caller adds a residual itself when the weight also has a bias)."""
+    if residual is not None:
+        assert bias is None and residual.shape == y.shape and residual.stride(-1) == 1
+        return residual, residual.stride(0), True
+    return (bias if bias is not None else y), 0, bias is not None

@@ -146,6 +146,37 @@ def test_int8_dot_gemv_matches(qtype):
         assert check(fn(x), x, w64, w.bias) < TOL_I8, cfg
 
 
+@pytest.mark.parametrize("qtype,cfg", [(QT.Q4_K, (8, 1, 2, 2, 2)), (QT.Q6_K, (8, 1, 2, 2, 1)),
+                                       (QT.Q4_K, (8, 2, 2, 0, 1)), (QT.Q5_0, (8, 4, 2, 0, 2))],
+                         ids=["q4_k-i8", "q6_k-i8", "q4_k-float", "q5_0-float"])
+def test_fused_residual_norm_swiglu(qtype, cfg):
+    """What ``fn.fuses`` promises, against the same float64 oracle applied to the unfused input:
+    ``residual + f(x) @ W.T`` with f = RMSNorm * w or SwiGLU (int8 GEMVs), residual (all)."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 19, 512
+    w = make_weight(qtype, n, k, gen)
+    w64 = oracle_dense(w.raw, qtype)
+    fn = decode.make_gemv(qtype, decode.prepare(w), None, n, k, cfg)
+    tol = TOL_I8 if cfg[3] == 2 else TOL
+    h = torch.randn(2, k, generator=gen) * 3
+    res = torch.randn(2, n, generator=gen)
+    assert "residual" in fn.fuses
+    assert check(fn(h, residual=res) - res, h, w64, None) < tol
+    if cfg[3] != 2:
+        assert "rmsnorm" not in fn.fuses
+        with pytest.raises(ValueError):
+            fn(h, norm=(torch.ones(k), 1e-6))
+        return
+    assert {"rmsnorm", "swiglu"} <= set(fn.fuses)
+    nw, eps = torch.rand(k, generator=gen) + 0.5, 1e-6
+    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
+    assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < tol
+    gu = torch.randn(2, 2 * k, generator=gen) * 2
+    g, u = gu.double().chunk(2, dim=-1)
+    act = (g * torch.sigmoid(g) * u).float()
+    assert check(fn(gu, swiglu=True), act, w64, None) < tol
+
+
 def test_activation_quantizer_two_digits():
     from minfer_mmq_triton.gemv_q8dot import quantize_x
 
