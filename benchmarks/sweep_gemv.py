@@ -47,11 +47,15 @@ def main() -> None:
         cfgs = [default + (3,)]
         if role in ("qkv", "o"):
             cfgs.append(decode.decode_config(qt, n, k, "") + (3,))
-        grid = itertools.product((8, 16), (2, 4), (2, 4), (1, 3, 4)) if not a.quick else [(8, 2, 2, 1), (8, 2, 2, 4)]
-        for bn, bb, w, ns in grid:
-            bb = decode._pow2_divisor(nb, bb)
+        # BB is taken as given (a step may run past the row: masked), so one step can cover a whole row
+        grid = itertools.product((4, 8, 16), (2, 4, 8, 16), (2, 4)) if not a.quick else [(8, 2, 2), (8, 16, 4)]
+        for bn, bb, w in grid:
+            if bn * bb * 64 * 4 > 64 * 1024 or bb > 2 * nb:  # over 64 KiB of quant words per step, or empty steps
+                continue
             split = min(decode.INT8_MAX_SPLIT[qt], decode.auto_split(n, nb, bn, bb, nbytes))
-            cfgs.append((bn, bb, w, 2, split, ns))
+            cfgs.append((bn, bb, w, 2, split, 1))
+            if role in ("qkv", "o") and w == 4:
+                cfgs.append((bn, bb, w, 0, decode.auto_split(n, nb, bn, bb, nbytes)))
         rows, seen = [], set()
         for cfg in cfgs:
             if cfg in seen:
@@ -68,7 +72,7 @@ def main() -> None:
         rows.sort()
         print(f"\n## {qt.name} {n}x{k} ({role}, {nbytes / 2**20:.1f} MiB); default {default}: "
               f"{next(r[0] for r in rows if r[1] == default + (3,)) * 1e6:.1f} us")
-        for t, cfg, err in rows[:8]:
+        for t, cfg, err in rows[:10]:
             print(f"  {cfg}: {t * 1e6:7.1f} us  {nbytes / t / 1e9:6.0f} GB/s  err {err:.1e}", flush=True)
         del ws, datas, w64
         torch.cuda.empty_cache()

@@ -152,14 +152,16 @@ def test_int8_dot_gemv_matches(qtype):
 def test_fused_residual_norm_swiglu(qtype, cfg):
     """What ``fn.fuses`` promises, against the same float64 oracle applied to the unfused input:
     ``residual + f(x) @ W.T`` with f = RMSNorm * w or SwiGLU (int8 GEMVs), residual (all)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter in CI, the GPU there
     gen = torch.Generator().manual_seed(11)
     n, k = 19, 512
     w = make_weight(qtype, n, k, gen)
     w64 = oracle_dense(w.raw, qtype)
+    w.raw = w.raw.to(dev)
     fn = decode.make_gemv(qtype, decode.prepare(w), None, n, k, cfg)
     tol = TOL_I8 if cfg[3] == 2 else TOL
-    h = torch.randn(2, k, generator=gen) * 3
-    res = torch.randn(2, n, generator=gen)
+    h = (torch.randn(2, k, generator=gen) * 3).to(dev)
+    res = torch.randn(2, n, generator=gen).to(dev)
     assert "residual" in fn.fuses
     assert check(fn(h, residual=res) - res, h, w64, None) < tol
     if cfg[3] != 2:
@@ -168,10 +170,10 @@ def test_fused_residual_norm_swiglu(qtype, cfg):
             fn(h, norm=(torch.ones(k), 1e-6))
         return
     assert {"rmsnorm", "swiglu"} <= set(fn.fuses)
-    nw, eps = torch.rand(k, generator=gen) + 0.5, 1e-6
+    nw, eps = (torch.rand(k, generator=gen) + 0.5).to(dev), 1e-6
     normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
     assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < tol
-    gu = torch.randn(2, 2 * k, generator=gen) * 2
+    gu = (torch.randn(2, 2 * k, generator=gen) * 2).to(dev)
     g, u = gu.double().chunk(2, dim=-1)
     act = (g * torch.sigmoid(g) * u).float()
     assert check(fn(gu, swiglu=True), act, w64, None) < tol
