@@ -32,9 +32,10 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--types", default="Q4_K,Q6_K", help="quant types to sweep (default: both)")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for qt, n, k, role in SHAPES:
+    for qt, n, k, role in [s for s in SHAPES if s[0].name in a.types.split(",")]:
         ws = [make_weight(qt, n, k, gen, device="cuda")]
         nbytes = ws[0].raw.numel()
         copies = max(1, min(16, -(-ROTATE_BYTES // nbytes)))
@@ -42,19 +43,19 @@ def main() -> None:
         datas = [decode.prepare(w) for w in ws]
         x = torch.randn(1, k, generator=gen, device="cuda")
         w64 = dequantize(ws[0].raw, qt, k).double()
-        nb = k // 256
+        nb = k // (128 if qt == QT.Q4_K else 256)  # steps count 128-value spans for the q4_K plane
         default = decode.decode_config(qt, n, k, role)
         cfgs = [default + (3,)]
-        if role in ("qkv", "o"):
+        if role in ("qkv", "o", "gate_up"):
             cfgs.append(decode.decode_config(qt, n, k, "") + (3,))
         # BB is taken as given (a step may run past the row: masked), so one step can cover a whole row
         grid = itertools.product((4, 8, 16), (2, 4, 8, 16), (2, 4)) if not a.quick else [(8, 2, 2), (8, 16, 4)]
         for bn, bb, w in grid:
-            if bn * bb * 64 * 4 > 64 * 1024 or bb > 2 * nb:  # over 64 KiB of quant words per step, or empty steps
+            if bn * bb * 64 * 4 > 64 * 1024 or bb > nb:  # over 64 KiB of quant words per step, or empty steps
                 continue
             split = min(decode.INT8_MAX_SPLIT[qt], decode.auto_split(n, nb, bn, bb, nbytes))
             cfgs.append((bn, bb, w, 2, split, 1))
-            if role in ("qkv", "o") and w == 4:
+            if role in ("qkv", "o") and w == 4 and qt == QT.Q4_K:
                 cfgs.append((bn, bb, w, 0, decode.auto_split(n, nb, bn, bb, nbytes)))
         rows, seen = [], set()
         for cfg in cfgs:

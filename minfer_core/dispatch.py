@@ -55,6 +55,7 @@ class Plan:
     decode_step_order: list[str] = field(default_factory=list)
     decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv'
     prefill_step: Optional[Candidate] = None
+    released_raw: int = 0  # bytes of raw GGUF blocks released because planes replace them
     prefill_step_order: list[str] = field(default_factory=list)
 
     def labels_by_class(self) -> dict:
@@ -197,7 +198,10 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
         plan.notes.append(f"{TRANSPOSE_GATE} off but {plane_readers[0]} reads the plane: the plugin must convert itself")
     plan.fuse_mode, plan.fuse_reason = mode, reason
 
-    # 6. attention and the decode-step wrapper
+    # 6. raw bytes that no chosen kernel reads any more (planes replace them) are released
+    plan.released_raw = release_raw(weights, plan)
+
+    # 7. attention and the decode-step wrapper
     for phase in PHASES:
         offers = call_each(pm, "minfer_attention_candidates", only=usable, phase=phase, ctx=ctx)
         plan.attention[phase] = _choose(offers, ranking(policy, "attention", backend), f"attention {phase}", log, plan.notes)
@@ -215,6 +219,16 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
         + f"; a_transpose {plan.a_transpose}; decode step: {plan.decode_step_order or 'plain'}"
         + f"; prefill step: {plan.prefill_step_order or 'plain'}")
     return plan
+
+
+def release_raw(weights: list[Weight], plan: Plan) -> int:
+    """Drop ``weight.raw`` where neither chosen kernel (prefill, decode) reads it; bytes freed."""
+    freed = 0
+    for w in weights:
+        if w.raw is not None and not any(getattr(plan, ph)[w.name].reads_raw for ph in PHASES):
+            freed += w.raw.numel() * w.raw.element_size()
+            w.drop_raw()
+    return freed
 
 
 def wrap_step(work: str, step: Callable, ctx: LoadContext, pm, plan: Plan) -> Optional[Callable]:

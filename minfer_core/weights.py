@@ -71,6 +71,8 @@ class Candidate:
     ``"rmsnorm"``: ``fn(h, norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight;
     ``"swiglu"``: ``fn(gu, swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``.
     The core does whatever a candidate does not fuse itself.
+    ``reads_raw``: whether ``fn`` reads ``weight.raw`` when it runs. When none of a weight's chosen
+    kernels does, the core releases the raw bytes after planning (planes replace them).
     """
 
     plugin: str
@@ -79,6 +81,7 @@ class Candidate:
     gate: Optional[str] = None
     reads: tuple[str, ...] = ("f32",)
     fuses: tuple[str, ...] = ()
+    reads_raw: bool = True
 
 
 @dataclass

@@ -107,3 +107,22 @@ def test_prefill_graph_replays_the_eager_prefill(tmp_path):
         assert len(eng.prefill_step.fn.graphs) == (0 if run == 0 else 1)
         assert torch.allclose(eng.decode(7).float(), d_want, rtol=1e-3, atol=1e-3)
     assert not eng.prefill_step.fn.failed
+
+
+def test_planes_replace_raw_bytes(tmp_path, monkeypatch):
+    """Once every chosen kernel of a weight reads planes (prefill: the q4_K/q6_K planes; decode:
+    the q4_K plane and the q6_K decode plane), its raw GGUF bytes are released; a kernel that
+    still reads them keeps them (q4_K with its plane builder off; the reference backend)."""
+    from minfer_core.quants import info
+
+    path = tiny_model(tmp_path, "plane_only")
+    eng = Engine.load(path, device=device(), n_ctx=64, progress=False)
+    ws = eng.model.rt.weights
+    assert [n for n, w in ws.items() if w.raw is not None] == []
+    assert eng.plan.released_raw == sum(w.n_out * info(w.qtype).row_bytes(w.n_in) for w in ws.values())
+    monkeypatch.setenv("MINFER_MMQ_Q4K_DSC", "0")
+    ws = Engine.load(path, device=device(), n_ctx=64, progress=False).model.rt.weights
+    assert {n for n, w in ws.items() if w.raw is not None} == {n for n, w in ws.items() if w.qtype == QT.Q4_K}
+    monkeypatch.delenv("MINFER_MMQ_Q4K_DSC")
+    ws = Engine.load(path, backend="reference", device=device(), n_ctx=64, progress=False).model.rt.weights
+    assert all(w.raw is not None for w in ws.values())

@@ -82,6 +82,7 @@ def candidate(weight: Weight, phase: str) -> Candidate:
             x = x.plane if x.plane is not None else x.f32
         return matmul(x, weight_cache(weight), weight.bias)
 
+    built = KEY in weight.planes  # built at registration: the raw bytes are not read again
     if phase == "prefill":
-        return Candidate(PLUGIN, "f16.gemm", fn, reads=("plane", "f32"))
-    return Candidate(PLUGIN, "f16.gemv", fn)
+        return Candidate(PLUGIN, "f16.gemm", fn, reads=("plane", "f32"), reads_raw=not built)
+    return Candidate(PLUGIN, "f16.gemv", fn, reads_raw=not built)

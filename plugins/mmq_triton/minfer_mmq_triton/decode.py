@@ -6,9 +6,12 @@
 environment and nothing on the host, so a decode step that calls it can be captured as a CUDA
 graph. Labels: ``mmq.gemv.<type>`` (e.g. ``mmq.gemv.q4_k``).
 
-Data read: q4_K / q5_K from ``weight.raw``; every other type from its decode plane
-(``gemv_pack``, built here once and kept in ``weight.planes[gemv_pack.KEY]``, the same bytes as
-the raw blocks). Which prefill planes exist never changes a decode result.
+Data read: q4_K from its plane (``planes.Q4KPlane``, exact; the prefill's own plane when
+registration built it, else built here), q5_K from ``weight.raw``, every other type from its
+decode plane (``gemv_pack``, built here once and kept in ``weight.planes[gemv_pack.KEY]``, the
+same bytes as the raw blocks). The q4_K plane holds the same values whoever built it, so which
+prefill planes exist never changes a decode result. No decode kernel but q5_K's reads raw bytes
+(``Candidate.reads_raw``), so the core can release them.
 
 Kernels: float GEMVs (``gemv_kquant``, ``gemv_legacy``; ~1e-7 of ``sum |x w|``) for every type,
 and for q4_K / q6_K weights of 16 MiB or more int8 dot products over a two-digit int8 copy of x
@@ -29,7 +32,7 @@ from gguf import GGMLQuantizationType as QT
 
 from minfer_core.weights import Candidate, Weight
 
-from . import gemv_pack
+from . import gemv_pack, planes
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15
@@ -40,7 +43,9 @@ MAX_ROWS = 15
 #: the winners of the H200 sweep (plugins/mmq_triton/tests/test_decode_bench.py --sweep,
 #: 2026-11-30) at the 7B / 0.5B shapes.
 KQUANT_FLOAT = (8, 2, 4, 0)  # num_warps 2 when a step is a single super-block (BB = 1)
-KQUANT_INT8 = {QT.Q4_K: (8, 2, 2, 2), QT.Q6_K: (32, 2, 4, 2)}
+KQUANT_INT8 = {QT.Q4_K: (8, 4, 2, 2), QT.Q6_K: (16, 2, 2, 2)}
+#: q4_K reads its plane (``gemv_q4plane``): a step is BB 128-value spans, not super-blocks.
+Q4K_FLOAT = (8, 4, 4, 0)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
@@ -87,30 +92,32 @@ def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int,
     nbytes = n * info(qt).row_bytes(k)
     max_split = 64
     if qt in KQUANTS:
-        nb = k // 256
+        nb = k // (128 if qt == QT.Q4_K else 256)
         if qt in KQUANT_INT8 and (nbytes >= INT8_MIN_BYTES or role in INT8_NORM_ROLES):
             bn, cap, warps, mode = KQUANT_INT8[qt]
             max_split = INT8_MAX_SPLIT[qt]
         else:
-            bn, cap, warps, mode = KQUANT_FLOAT
+            bn, cap, warps, mode = Q4K_FLOAT if qt == QT.Q4_K else KQUANT_FLOAT
     else:
         nb = k // 32
         bn, cap, warps, mode = (LEGACY_SMALL if nbytes < (2 << 20) else
                                 LEGACY_MID if nbytes < (64 << 20) else LEGACY_BIG)
     bb = _pow2_divisor(nb, cap)
-    if qt in KQUANTS and mode == 0 and bb == 1:
+    if qt in (QT.Q5_K, QT.Q6_K) and mode == 0 and bb == 1:
         warps = 2
     return bn, bb, warps, mode, min(max_split, auto_split(n, nb, bn, bb, nbytes))
 
 
 def prepare(weight: Weight):
-    """The data the GEMV reads: raw rows (q4_K/q5_K) or the decode plane (built once)."""
+    """The data the GEMV reads: raw rows (q5_K) or the decode plane (built once)."""
     qt = QT(weight.qtype)
-    if qt in (QT.Q4_K, QT.Q5_K):
+    if qt == QT.Q5_K:
         return weight.raw
     plane = weight.planes.get(gemv_pack.KEY)
     if plane is None:
-        if qt == QT.Q6_K:
+        if qt == QT.Q4_K:  # the prefill's plane if registration built it (same values either way)
+            plane = weight.planes.get(planes.KEY_Q4K) or planes.build_q4k(weight.raw, weight.n_in)
+        elif qt == QT.Q6_K:
             plane = gemv_pack.pack_q6k(weight.raw, weight.n_in)
         else:
             plane = gemv_pack.pack_legacy(weight.raw, qt, weight.n_in)
@@ -131,29 +138,32 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves.
 
     ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])``, default :func:`decode_config`."""
-    from . import gemv_kquant, gemv_legacy, gemv_q8dot, gemv_split  # kernels load lazily
+    from . import gemv_kquant, gemv_legacy, gemv_q4plane, gemv_q8dot, gemv_split  # kernels load lazily
 
     qt = QT(qtype)
     config = config or decode_config(qt, n, k, role)
     bn, bb, warps, *rest = config
     mode = rest[0] if rest else 0
     deq = mode == 1
-    nb = k // (256 if qt in KQUANTS else 32)
     split = rest[1] if len(rest) > 1 else decode_config(qt, n, k, role)[4]
     stages = rest[2] if len(rest) > 2 else 3  # Triton's num_stages (software pipelining of the loop)
     scratch = gemv_split.SplitScratch(n, bn, split)
     if mode == 2:
         if qt not in (QT.Q4_K, QT.Q6_K):
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
-        q6 = qt == QT.Q6_K
-
+        if qt == QT.Q6_K:
+            def run(x, res, norm, swiglu):
+                return gemv_q8dot.gemv_i8(x, data, bias, bn, bb, warps, split, scratch, res, norm, swiglu, stages)
+        else:
+            def run(x, res, norm, swiglu):
+                return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, True, split, scratch, res, norm, swiglu,
+                                             stages)
+    elif qt == QT.Q4_K:
         def run(x, res, norm, swiglu):
-            return gemv_q8dot.gemv_i8(x, data, q6, bias, bn, bb, warps, split, scratch, res, norm, swiglu, stages)
-    elif qt in (QT.Q4_K, QT.Q5_K):
-        five = qt == QT.Q5_K
-
+            return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, False, split, scratch, res)
+    elif qt == QT.Q5_K:
         def run(x, res, norm, swiglu):
-            return gemv_kquant.gemv_q45k(x, data, five, bias, bn, bb, warps, deq, split, scratch, res)
+            return gemv_kquant.gemv_q45k(x, data, True, bias, bn, bb, warps, deq, split, scratch, res)
     elif qt == QT.Q6_K:
         def run(x, res, norm, swiglu):
             return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res)
@@ -195,12 +205,14 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
         return []
     label = f"mmq.gemv.{qt.name.lower()}"
     fused = fuses(decode_config(qt, weight.n_out, weight.n_in, weight.role), weight.bias)
-    if weight.raw is None and (qt in (QT.Q4_K, QT.Q5_K) or gemv_pack.KEY not in weight.planes):
+    raw = qt == QT.Q5_K  # the only type whose GEMV reads the GGUF bytes at run time
+    has_plane = gemv_pack.KEY in weight.planes or (qt == QT.Q4_K and planes.KEY_Q4K in weight.planes)
+    if weight.raw is None and (raw or not has_plane):
         state: dict = {}
 
         def lazy(x: torch.Tensor, **kw) -> torch.Tensor:
             if "fn" not in state:
-                if weight.raw is None and gemv_pack.KEY not in weight.planes:
+                if weight.raw is None and (raw or not has_plane):
                     raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
                 state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in,
                                         role=weight.role)
@@ -208,4 +220,4 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
 
         return [Candidate(PLUGIN, label, lazy, fuses=fused)]
     fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, role=weight.role)
-    return [Candidate(PLUGIN, label, fn, fuses=fused)]
+    return [Candidate(PLUGIN, label, fn, fuses=fused, reads_raw=raw)]

@@ -13,8 +13,8 @@ on the big weights (cuBLAS alone: 700-790); see benchmarks/RESULTS.md. The fused
 M <= 64: 0.082 vs 0.205 ms at M = 16); narrow or K-long weights (qkv, o, down) tie or lose
 because too few programs stream the weight. :func:`use_fused` encodes that.
 
-Value decoding (shared by both): q4_K ``w = s * q - m`` with ``(s, m)`` per 32 values; q6_K
-``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
+Value decoding (shared by both): q4_K ``w = (d sc) q - (dmin m)`` with ``(sc, m)`` per 32 values
+and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
 """
 
 from __future__ import annotations
@@ -41,23 +41,27 @@ def use_fused(m: int, n: int, k: int) -> bool:
 
 
 @triton.jit
-def _q4k_span(qs_ptr, sm_ptr, rn, mask_n, stride_qs, stride_sm, t):
+def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t):
     """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``.
 
     Tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value
-    ``128t + 64h + 32j + l``, whose scale/min live at sub-block ``4t + 2h + j``. Offsets are
-    built by multiplication so the compiler sees 64-byte aligned, contiguous rows (16-byte loads).
+    ``128t + 64h + 32j + l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin``
+    at block ``t // 2``. Offsets are built by multiplication so the compiler sees 64-byte
+    aligned, contiguous rows (16-byte loads).
     """
     j = tl.arange(0, 2)[None, :, None]
     l = tl.arange(0, 32)[None, None, :]
     r = rn[:, None, None]
     m3 = mask_n[:, None, None]
     b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
-    sub = sm_ptr + r * stride_sm + (t * 4 + j) * 2
-    s0 = tl.load(sub, mask=m3, other=0.0).to(tl.float32)
-    m0 = tl.load(sub + 1, mask=m3, other=0.0).to(tl.float32)
-    s1 = tl.load(sub + 4, mask=m3, other=0.0).to(tl.float32)
-    m1 = tl.load(sub + 5, mask=m3, other=0.0).to(tl.float32)
+    sub = sc_ptr + r * stride_sc + (t * 4 + j) * 2
+    dmp = dm_ptr + r * stride_dm + (t // 2) * 2
+    d = tl.load(dmp, mask=m3, other=0.0).to(tl.float32)
+    dmin = tl.load(dmp + 1, mask=m3, other=0.0).to(tl.float32)
+    s0 = d * tl.load(sub, mask=m3, other=0).to(tl.float32)
+    m0 = dmin * tl.load(sub + 1, mask=m3, other=0).to(tl.float32)
+    s1 = d * tl.load(sub + 4, mask=m3, other=0).to(tl.float32)
+    m1 = dmin * tl.load(sub + 5, mask=m3, other=0).to(tl.float32)
     w_lo = (b & 0xF).to(tl.float32) * s0 - m0
     w_hi = (b >> 4).to(tl.float32) * s1 - m1
     return w_lo, w_hi
@@ -90,11 +94,11 @@ def _q6k_run(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc
 @triton.jit
 def _dequant_q4k_kernel(
     # pointers
-    qs_ptr, sm_ptr, out_ptr,
+    qs_ptr, sc_ptr, dm_ptr, out_ptr,
     # sizes
     N,
     # strides (elements)
-    stride_qs, stride_sm, stride_out,
+    stride_qs, stride_sc, stride_dm, stride_out,
     # meta
     BLOCK_N: tl.constexpr, SPANS: tl.constexpr,
 ):
@@ -107,7 +111,7 @@ def _dequant_q4k_kernel(
     dst = out_ptr + rn[:, None, None] * stride_out + j * 32 + l
     for s in tl.static_range(SPANS):
         t = tl.program_id(1) * SPANS + s
-        w_lo, w_hi = _q4k_span(qs_ptr, sm_ptr, rn, mask_n, stride_qs, stride_sm, t)
+        w_lo, w_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t)
         tl.store(dst + t * 128, w_lo.to(tl.bfloat16), mask=mask_n[:, None, None])
         tl.store(dst + t * 128 + 64, w_hi.to(tl.bfloat16), mask=mask_n[:, None, None])
 
@@ -148,9 +152,9 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
     assert out.dtype == torch.bfloat16 and out.shape == (n, k) and out.stride(1) == 1 and k % 256 == 0
     if isinstance(plane, Q4KPlane):
         bn, spans, warps = config or DEQUANT_Q4K
-        qs, sm = plane.qs[r0:r1], plane.sm[r0:r1]
+        qs, sc, dm = plane.qs[r0:r1], plane.sc[r0:r1], plane.dm[r0:r1]
         grid = (triton.cdiv(n, bn), k // (128 * spans))
-        _dequant_q4k_kernel[grid](qs, sm, out, n, qs.stride(0), sm.stride(0), out.stride(0),
+        _dequant_q4k_kernel[grid](qs, sc, dm, out, n, qs.stride(0), sc.stride(0), dm.stride(0), out.stride(0),
                                   BLOCK_N=bn, SPANS=spans, num_warps=warps)
     else:
         bn, _, warps = config or DEQUANT_Q6K
@@ -183,7 +187,7 @@ def _mma(acc, a, w, DOT_F32: tl.constexpr):
 
 @triton.jit
 def _gemm_planes_kernel(
-    # pointers: activation bf16 (M, K); plane tensors p0/p1/p2 (q4_K: qs, sm, -; q6_K: ql, qh, sc);
+    # pointers: activation bf16 (M, K); plane tensors p0/p1/p2 (q4_K: qs, sc, dm; q6_K: ql, qh, sc);
     # bias f32 (N,) or dummy; output f32 (M, N)
     a_ptr, p0_ptr, p1_ptr, p2_ptr, bias_ptr, c_ptr,
     # sizes
@@ -216,7 +220,7 @@ def _gemm_planes_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if WTYPE == 0:
         for t in range(0, K // 128):
-            w_lo, w_hi = _q4k_span(p0_ptr, p1_ptr, rn, mask_n, stride_p0, stride_p1, t)
+            w_lo, w_hi = _q4k_span(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t)
             a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
             a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
             acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
@@ -257,7 +261,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
     if isinstance(plane, Q4KPlane):
-        p0, p1, p2, wtype = plane.qs, plane.sm, plane.sm, 0
+        p0, p1, p2, wtype = plane.qs, plane.sc, plane.dm, 0
     else:
         p0, p1, p2, wtype = plane.ql, plane.qh, plane.sc, 1
     n = p0.shape[0]

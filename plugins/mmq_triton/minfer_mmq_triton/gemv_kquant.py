@@ -1,7 +1,9 @@
-"""Decode GEMV over the K-quants (q4_K, q5_K, q6_K): ``y = x @ W.T (+ b)``, 256-value super-blocks.
+"""Decode GEMV over q5_K and q6_K: ``y = x @ W.T (+ b)``, 256-value super-blocks (q4_K reads its
+plane instead: ``gemv_q4plane``).
 
-q4_K and q5_K are read straight from the GGUF rows (``weight.raw``): their blocks are 144 and 176
-bytes, so every field starts 16-byte aligned and the quant bytes load 16 at a time. The packed
+q5_K is read straight from the GGUF rows (``weight.raw``; the kernel can also read q4_K's 144-byte
+rows, ``FIVE=False``, which nothing routes to any more): the blocks are 176 bytes, so every field
+starts 16-byte aligned and the quant bytes load 16 at a time. The packed
 6-bit scales/mins are decoded in the kernel from three 32-bit words. q6_K blocks (210 bytes) are
 read from the aligned :class:`~minfer_mmq_triton.gemv_pack.Q6KDecodePlane` (same bytes).
 

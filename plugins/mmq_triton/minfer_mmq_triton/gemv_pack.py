@@ -1,7 +1,8 @@
 """Decode planes: GGUF blocks whose fields are not 16-byte aligned, split into aligned arrays.
 
-The decode GEMVs read q4_K and q5_K straight from ``weight.raw`` (their 144/176-byte blocks keep
-every field 16-byte aligned). Every other type is split once, per row, into a "structure of
+The decode GEMVs read q5_K straight from ``weight.raw`` (its 176-byte blocks keep every field
+16-byte aligned) and q4_K from its plane (``planes.Q4KPlane``, ``gemv_q4plane``). Every other
+type is split once, per row, into a "structure of
 arrays" holding exactly the same bytes (no rounding, no extra precision: a decode result does not
 depend on which prefill planes the gates built), stored in ``weight.planes[KEY]``:
 
@@ -13,9 +14,8 @@ depend on which prefill planes the gates built), stored in ``weight.planes[KEY]`
     ``w`` uint8 ``(N, NB * 208)``: each block's ``ql[128] | qh[64] | scales[16]`` (raw order)
     ``d`` float16 ``(N, NB)``
 
-``NB`` is the number of blocks per row. The plane replaces nothing: the raw bytes stay for
-whichever prefill kernel reads them (``unpack_*`` rebuilds them exactly, should a caller want to
-drop ``weight.raw``).
+``NB`` is the number of blocks per row. The raw bytes stay while a chosen prefill kernel reads
+them; otherwise the core releases them (``unpack_*`` rebuilds them exactly).
 """
 
 from __future__ import annotations

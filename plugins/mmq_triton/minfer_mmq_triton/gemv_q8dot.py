@@ -1,5 +1,6 @@
 """Decode GEMV with integer dot products (``dp4a``: four 8-bit products per instruction) for the
-large q4_K / q6_K matrices, where the float kernels run out of instruction issue before memory.
+large q6_K matrices, where the float kernels run out of instruction issue before memory, and
+the activation quantizer that this kernel and the q4_K plane kernel (``gemv_q4plane``) share.
 
 The activation row is quantized once per call (``_quant_x_kernel``) to two int8 digits per
 value: per 32-value block ``s = max|x| / 127``, ``h = round(x / s)``, ``l = round(256 (x/s - h))``,
@@ -77,93 +78,6 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
     tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
     s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
     tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
-
-
-@triton.jit
-def _k_scale_min(h1, h2, h3, j):
-    sh = (j % 4) * 8
-    a = (h1 >> sh) & 0xFF
-    b = (h2 >> sh) & 0xFF
-    c = (h3 >> sh) & 0xFF
-    low = j < 4
-    sc = tl.where(low, a & 63, (c & 15) | ((a >> 6) << 4))
-    mn = tl.where(low, b & 63, (c >> 4) | ((b >> 6) << 4))
-    return sc.to(tl.float32), mn.to(tl.float32)
-
-
-@triton.jit
-def _gemv_q4k_i8_kernel(
-    xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
-    N, NB, stride_ym, stride_bm, n_blocks,
-    HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
-    SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
-):
-    """q4_K raw rows as int32 words (36 per block); x quantized by ``_quant_x_kernel``.
-
-    Group g = (block, 64-value chunk c): words 4 + 8c .. 4 + 8c + 7 hold values 64c + 4w + t
-    (low nibbles, sub-block 2c) and 64c + 32 + 4w + t (high nibbles, sub-block 2c + 1).
-    """
-    G: tl.constexpr = 4 * BB
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    rb = tl.minimum(rows, N - 1).to(tl.int64) * NB
-    g = tl.arange(0, G)
-    c = g % 4
-    gb = g // 4
-    w = tl.arange(0, 8)
-    KW = NB * 64  # x words per row
-    xh_row = xh_ptr + xm * KW
-    xl_row = xl_ptr + xm * KW
-    acc = tl.zeros([BN, G], dtype=tl.float32)
-    lo_b, hi_b = split_range(NB, s_id, SPLIT, BB)
-    for kb in range(lo_b, hi_b, BB):
-        blk = kb + gb
-        gm = blk < hi_b
-        qp = w32_ptr + (rb * 36)[:, None, None] + (blk * 36 + 4 + c * 8)[None, :, None] + w[None, None, :]
-        xo = (blk * 64 + c * 16)[:, None] + w[None, :]
-        hw = w32_ptr + (rb * 36)[:, None] + (blk * 36)[None, :]
-        sb = xm * (NB * 8) + blk * 8 + c * 2  # x block of the low sub-block (high: + 1)
-        if EVEN:
-            q = tl.load(qp)
-            xh_lo, xh_hi = tl.load(xh_row + xo), tl.load(xh_row + xo + 8)
-            xl_lo, xl_hi = tl.load(xl_row + xo), tl.load(xl_row + xo + 8)
-            w0, h1, h2, h3 = tl.load(hw), tl.load(hw + 1), tl.load(hw + 2), tl.load(hw + 3)
-            s_lo, s_hi = tl.load(xs_ptr + sb), tl.load(xs_ptr + sb + 1)
-            x_lo = tl.load(x16_ptr + 2 * sb) + tl.load(x16_ptr + 2 * sb + 1)
-            x_hi = tl.load(x16_ptr + 2 * sb + 2) + tl.load(x16_ptr + 2 * sb + 3)
-        else:
-            q = tl.load(qp, mask=gm[None, :, None], other=0)
-            xh_lo = tl.load(xh_row + xo, mask=gm[:, None], other=0)
-            xh_hi = tl.load(xh_row + xo + 8, mask=gm[:, None], other=0)
-            xl_lo = tl.load(xl_row + xo, mask=gm[:, None], other=0)
-            xl_hi = tl.load(xl_row + xo + 8, mask=gm[:, None], other=0)
-            w0 = tl.load(hw, mask=gm[None, :], other=0)
-            h1 = tl.load(hw + 1, mask=gm[None, :], other=0)
-            h2 = tl.load(hw + 2, mask=gm[None, :], other=0)
-            h3 = tl.load(hw + 3, mask=gm[None, :], other=0)
-            s_lo = tl.load(xs_ptr + sb, mask=gm, other=0.0)
-            s_hi = tl.load(xs_ptr + sb + 1, mask=gm, other=0.0)
-            x_lo = tl.load(x16_ptr + 2 * sb, mask=gm, other=0.0) + tl.load(x16_ptr + 2 * sb + 1, mask=gm, other=0.0)
-            x_hi = tl.load(x16_ptr + 2 * sb + 2, mask=gm, other=0.0) + tl.load(x16_ptr + 2 * sb + 3, mask=gm, other=0.0)
-        qlo = q & 0x0F0F0F0F
-        qhi = (q >> 4) & 0x0F0F0F0F
-        ih_lo = tl.sum(_dp4a(qlo, xh_lo[None, :, :], USE_ASM), axis=2).to(tl.float32)
-        il_lo = tl.sum(_dp4a(qlo, xl_lo[None, :, :], USE_ASM), axis=2).to(tl.float32)
-        ih_hi = tl.sum(_dp4a(qhi, xh_hi[None, :, :], USE_ASM), axis=2).to(tl.float32)
-        il_hi = tl.sum(_dp4a(qhi, xl_hi[None, :, :], USE_ASM), axis=2).to(tl.float32)
-        d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        j = 2 * c[None, :]
-        sc_lo, mn_lo = _k_scale_min(h1, h2, h3, j)
-        sc_hi, mn_hi = _k_scale_min(h1, h2, h3, j + 1)
-        dot_lo = (ih_lo + il_lo * (1.0 / 256.0)) * s_lo[None, :]
-        dot_hi = (ih_hi + il_hi * (1.0 / 256.0)) * s_hi[None, :]
-        acc += d * (sc_lo * dot_lo + sc_hi * dot_hi) - dmin * (mn_lo * x_lo[None, :] + mn_hi * x_hi[None, :])
-    y = tl.sum(acc, axis=1)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-               HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -247,32 +161,24 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False)
     return xh.view(torch.int32), xl.view(torch.int32), xs, x16
 
 
-def gemv_i8(x: torch.Tensor, data, q6: bool, bias: torch.Tensor | None, bn: int, bb: int,
+def gemv_i8(x: torch.Tensor, data, bias: torch.Tensor | None, bn: int, bb: int,
             num_warps: int, split: int, scratch: SplitScratch, residual: torch.Tensor | None = None,
             norm: tuple | None = None, swiglu: bool = False, num_stages: int = 3) -> torch.Tensor:
-    """q4_K raw rows (``q6=False``) or a q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)``.
+    """A q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)`` (q4_K: ``gemv_q4plane``).
 
     ``norm``/``swiglu``: see :func:`quantize_x`; ``residual`` ``(M, N)`` is added to the result."""
     from .gemv_kquant import _even
 
     xh, xl, xs, x16 = quantize_x(x, norm, swiglu)
     m = x.shape[0]
-    if q6:
-        n, nb = data.d.shape
-        w32 = data.w.view(torch.int32)
-    else:
-        n, nb = data.shape[0], data.shape[1] // 144
-        w32 = data.view(torch.int32)
+    n, nb = data.d.shape
+    w32 = data.w.view(torch.int32)
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     meta = dict(HAS_BIAS=has_bias, EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
                 USE_ASM=x.is_cuda, num_warps=num_warps, num_stages=num_stages)
     grid = (scratch.n_blocks, split, m)
-    if q6:
-        _gemv_q6k_i8_kernel[grid](xh, xl, xs, x16, w32, data.w.view(torch.int8), data.d, b, y, part, cnt,
-                                  n, nb, y.stride(0), sbm, scratch.n_blocks, **meta)
-    else:
-        _gemv_q4k_i8_kernel[grid](xh, xl, xs, x16, w32, b, y, part, cnt, n, nb, y.stride(0), sbm,
-                                  scratch.n_blocks, **meta)
+    _gemv_q6k_i8_kernel[grid](xh, xl, xs, x16, w32, data.w.view(torch.int8), data.d, b, y, part, cnt,
+                              n, nb, y.stride(0), sbm, scratch.n_blocks, **meta)
     return y

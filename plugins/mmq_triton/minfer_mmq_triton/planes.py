@@ -1,8 +1,9 @@
 """Registration-time planes: GGUF q4_K / q6_K blocks repacked for 16-byte loads.
 
 Built once per weight at load time (plain torch ops on the weight's device, in row chunks) and
-stored in ``weight.planes`` under the keys below. The prefill GEMMs (``gemm_planes``) and the
-decode GEMVs (``decode``, another module) read them. All planes are row-major per output row
+stored in ``weight.planes`` under the keys below. The prefill GEMMs (``gemm_planes``) read them,
+and the decode GEMVs read the q4_K plane too (``gemv_q4plane``): with both reading it, the raw
+q4_K blocks are no longer needed and the core releases them. All planes are row-major per output row
 ``n``, so fused weights (QKV, gate|up) stay concatenations of rows. ``K`` is a multiple of 256.
 
 Nibble plane (shared by both types): uint8 ``(N, K // 2)``. For every 128-value span starting at
@@ -10,10 +11,13 @@ Nibble plane (shared by both types): uint8 ``(N, K // 2)``. For every 128-value 
 nibble and value ``k0 + 64 + i`` in its high nibble. A 64-byte load thus yields two contiguous
 64-value runs. (This is exactly q6_K's own ``ql`` order; q4_K's 32-value pairing is repacked.)
 
-``KEY_Q4K`` -> :class:`Q4KPlane` (``MINFER_MMQ_Q4K_DSC``: "decoded scales"), 5 bits per value:
+``KEY_Q4K`` -> :class:`Q4KPlane` (``MINFER_MMQ_Q4K_DSC``: "decoded scales"), 4.625 bits per
+value (raw q4_K: 4.5), exact (every field is the GGUF's own, unpacked):
     ``qs``  nibble plane, ``q`` in 0..15
-    ``sm``  float16 ``(N, K // 32, 2)``: ``[..., 0] = d * sc`` and ``[..., 1] = dmin * m`` of each
-            32-value sub-block (the 6-bit packed scales/mins decoded); ``w = sm0 * q - sm1``.
+    ``sc``  uint8 ``(N, K // 32, 2)``: the 6-bit scale ``sc`` and min ``m`` of each 32-value
+            sub-block (q4_K's packed 12 bytes decoded)
+    ``dm``  float16 ``(N, K // 256, 2)``: the block's ``d`` and ``dmin``;
+            ``w = (d * sc) * q - (dmin * m)``.
 
 ``KEY_Q6K`` -> :class:`Q6KPlane` (``MINFER_MMQ_Q6K_EXP``: "expanded"), 7 bits per value:
     ``ql``  nibble plane, low 4 bits of the 6-bit ``q``
@@ -23,8 +27,8 @@ nibble and value ``k0 + 64 + i`` in its high nibble. A 64-byte load thus yields 
     ``sc``  float16 ``(N, K // 16)``: ``d * scale`` of each 16-value sub-block;
             ``w = sc * ((ql | qh << 4) - 32)``.
 
-A builder returns ``None`` when a decoded scale does not fit float16 (never seen in real files);
-the GEMM family then reads that weight's raw blocks instead.
+The q6_K builder returns ``None`` when a scale ``d * scale`` does not fit float16 (never seen in
+real files); the GEMM family then reads that weight's raw blocks instead.
 """
 
 from __future__ import annotations
@@ -44,10 +48,11 @@ CHUNK_ROWS = 2048  # rows per build step: bounds the temporaries (~30 bytes per 
 @dataclass
 class Q4KPlane:
     qs: torch.Tensor  # uint8 (N, K // 2), nibble plane
-    sm: torch.Tensor  # float16 (N, K // 32, 2): scale, min
+    sc: torch.Tensor  # uint8 (N, K // 32, 2): 6-bit scale, 6-bit min
+    dm: torch.Tensor  # float16 (N, K // 256, 2): d, dmin
 
     def nbytes(self) -> int:
-        return self.qs.numel() + self.sm.numel() * 2
+        return self.qs.numel() + self.sc.numel() + self.dm.numel() * 2
 
 
 @dataclass
@@ -66,11 +71,11 @@ def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
 
 
 def _k4_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q4_K's 12 packed bytes ``(..., 12)`` -> eight 6-bit scales and mins, float32 ``(..., 8)``."""
+    """q4_K's 12 packed bytes ``(..., 12)`` -> eight 6-bit scales and mins, uint8 ``(..., 8)``."""
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = torch.cat([lo & 0x3F, (hi & 0x0F) | ((lo >> 2) & 0x30)], dim=-1)
     mn = torch.cat([mid & 0x3F, (hi >> 4) | ((mid >> 2) & 0x30)], dim=-1)
-    return sc.float(), mn.float()
+    return sc, mn
 
 
 def _pack_nibbles(vals: torch.Tensor) -> torch.Tensor:
@@ -84,24 +89,23 @@ def _to_f16(x: torch.Tensor) -> torch.Tensor | None:
     return y if bool(torch.isfinite(y).all()) else None
 
 
-def build_q4k(raw: torch.Tensor, k: int) -> Q4KPlane | None:
+def build_q4k(raw: torch.Tensor, k: int) -> Q4KPlane:
     """q4_K blocks ``(N, K // 256 * 144)`` uint8 -> :class:`Q4KPlane` on the same device."""
     n, nb = raw.shape[0], k // 256
     qs = torch.empty(n, k // 2, dtype=torch.uint8, device=raw.device)
-    sm = torch.empty(n, k // 32, 2, dtype=torch.float16, device=raw.device)
+    scm = torch.empty(n, k // 32, 2, dtype=torch.uint8, device=raw.device)
+    dm = torch.empty(n, nb, 2, dtype=torch.float16, device=raw.device)
     for r0 in range(0, n, CHUNK_ROWS):
         b = raw[r0:r0 + CHUNK_ROWS].reshape(-1, nb, 144)
         rows = b.shape[0]
         sc, mn = _k4_scales(b[..., 4:16])
-        pair = _to_f16(torch.stack([_f16(b, 0) * sc, _f16(b, 2) * mn], dim=-1))  # (R, nb, 8, 2)
-        if pair is None:
-            return None
-        sm[r0:r0 + rows] = pair.reshape(rows, k // 32, 2)
+        scm[r0:r0 + rows] = torch.stack([sc, mn], dim=-1).reshape(rows, k // 32, 2)
+        dm[r0:r0 + rows] = b[..., 0:4].contiguous().view(torch.float16).reshape(rows, nb, 2)
         q = b[..., 16:144].reshape(rows, nb, 4, 1, 32)  # 32-byte groups: low nibble first 32 values
         shift = torch.tensor([0, 4], dtype=torch.uint8, device=raw.device).view(1, 1, 1, 2, 1)
         vals = ((q >> shift) & 0xF).reshape(rows, k)
         qs[r0:r0 + rows] = _pack_nibbles(vals)
-    return Q4KPlane(qs, sm)
+    return Q4KPlane(qs, scm, dm)
 
 
 def build_q6k(raw: torch.Tensor, k: int) -> Q6KPlane | None:

@@ -72,9 +72,7 @@ def register(weight: Weight, ctx: LoadContext) -> None:
             ctx.notes.append(f"mmq_triton: {weight.name}: a scale overflows float16, "
                              "its prefill reads raw blocks")
             return
-        weight.planes[key] = plane
-        if getattr(ctx, "drop_raw", False):  # proposed LoadContext flag; absent today
-            weight.drop_raw()
+        weight.planes[key] = plane  # the core drops weight.raw if no chosen kernel reads it
 
 
 def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candidate]]:
@@ -91,11 +89,13 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
     qt = QT(weight.qtype)
     name = qt.name.lower()
     if r == "w16":
-        return [Candidate(PLUGIN, f"mmq.raw_off.{name}", _w16_fn(weight), "MINFER_MMQ_RAW")]
+        return [Candidate(PLUGIN, f"mmq.raw_off.{name}", _w16_fn(weight), "MINFER_MMQ_RAW",
+                          reads_raw=planes.KEY_W16 not in weight.planes)]
     if r == "nb":
         gate = "MINFER_MMQ_Q6K_NB" if qt == QT.Q6_K else "MINFER_MMQ_RAW_NB"
         label = f"mmq.nb.{name}" if gate_on(ctx, _BUILDER_GATE[qt]) else f"mmq.nb.raw.{name}"
-        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, ("plane",))]
+        built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
+        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, ("plane",), reads_raw=not built)]
     return [Candidate(PLUGIN, f"mmq.generic.{name}", _raw_fn(weight), "MINFER_MMQ", ("f32",))]
 
 

@@ -55,7 +55,7 @@ def test_registration_builds_only_what_the_route_reads(make_ctx):
 
     w = _w(QT.Q4_K)
     _offer(w, make_ctx())
-    assert set(w.planes) == {planes.KEY_Q4K} and w.raw is not None  # raw kept: others read it
+    assert set(w.planes) == {planes.KEY_Q4K} and w.raw is not None  # the core releases raw after planning
     for over in ({"MINFER_MMQ": False}, {"MINFER_MMQ_RAW_NB": False}, {"MINFER_MMQ_Q4K_DSC": False}):
         w = _w(QT.Q4_K)
         _offer(w, make_ctx(**over))
