@@ -32,18 +32,21 @@ ALL_ON = ",".join(f"{g}=1" for g in ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ
                                      "MINFER_MMQ_Q6K_NB")) + ",MINFER_MMQ_A_FUSE=2"
 
 
-def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor]:
+def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor, list[float]]:
+    """Greedy tokens, the prompt's last logits, and the top-2 logit margin before each token."""
     ids = engine.tok.encode(prompt, add_special=True, parse_special=True)
     engine.reset()
     logits = engine.prefill(ids)[-1].float().cpu()
-    out, cur = [], logits
+    out, margins, cur = [], [], logits
     for _ in range(n):
+        top = torch.topk(cur.float().cpu(), 2).values
+        margins.append(float(top[0] - top[1]))
         t = int(torch.argmax(cur))
         out.append(t)
         if len(out) == n:
             break
         cur = engine.decode(t)
-    return out, logits
+    return out, logits, margins
 
 
 def run(args) -> int:
@@ -58,26 +61,33 @@ def run(args) -> int:
     for spec in specs:
         cfg = parse_config(spec)
         engine = load_under(cfg, path, args, n_ctx=args.n_predict + 512)
-        tokens, logits = greedy_stream(engine, args.prompt, args.n_predict)
-        results.append((spec, tokens, logits, engine.tok.decode(tokens)))
+        tokens, logits, margins = greedy_stream(engine, args.prompt, args.n_predict)
+        results.append((spec, tokens, logits, engine.tok.decode(tokens), margins))
         log(f"parity: {spec}: {len(tokens)} tokens")
         del engine
-    base_spec, base_tokens, base_logits, _ = results[0]
+    base_spec, base_tokens, base_logits, _, base_margins = results[0]
     report, same_all = [], True
-    for spec, tokens, logits, text in results:
+    for spec, tokens, logits, text, _ in results:
         first_diff = next((i for i, (a, b) in enumerate(zip(base_tokens, tokens)) if a != b), None)
         diff = (logits - base_logits).abs()
         rel = float(diff.norm() / base_logits.norm())
         same = tokens == base_tokens
         same_all &= same
         report.append({"config": spec, "identical": same, "first_divergence": first_diff,
-                       "max_abs_logit_diff": float(diff.max()), "rel_logit_diff": rel, "text": text})
+                       "max_abs_logit_diff": float(diff.max()), "rel_logit_diff": rel, "text": text,
+                       # the baseline's top-2 margin where the streams part: a margin under twice the
+                       # logit difference is a near-tie that rounding may flip either way
+                       "baseline_margin_at_divergence": None if first_diff is None else base_margins[first_diff],
+                       "min_baseline_margin_before": min(base_margins[:first_diff or len(base_margins)], default=None)})
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for r in report:
-            status = "identical" if r["identical"] else f"DIFFERS at token {r['first_divergence']}"
+            status = "identical" if r["identical"] else (
+                f"DIFFERS at token {r['first_divergence']} (baseline top-2 margin there "
+                f"{r['baseline_margin_at_divergence']:.4g}"
+                + ("; a near-tie" if r["baseline_margin_at_divergence"] < 2 * r["max_abs_logit_diff"] else "") + ")")
             print(f"{r['config']}: {status}; prompt logits max|d| {r['max_abs_logit_diff']:.4g}, rel {r['rel_logit_diff']:.3g}")
         print(f"baseline ({base_spec}) text: {report[0]['text']!r}")
     return 0 if same_all else 1

@@ -40,12 +40,14 @@ MAX_ROWS = 15
 #: Kernel configs ``(BN rows per program, BB blocks per step, num_warps, MODE)``; MODE 0: float
 #: kernels summing per sub-block, 1: float kernels dequantizing with one FMA, 2: int8 dot products
 #: (``gemv_q8dot``, q4_K / q6_K only; it adds one small launch that quantizes x). The values are
-#: the winners of the H200 sweep (plugins/mmq_triton/tests/test_decode_bench.py --sweep,
-#: 2026-11-30) at the 7B / 0.5B shapes.
+#: the winners of the H200 sweeps (plugins/mmq_triton/tests/test_decode_bench.py --sweep and
+#: benchmarks/sweep_gemv.py, results in benchmarks/results/, 2026-11-30) at the 7B / 0.5B shapes.
 KQUANT_FLOAT = (8, 2, 4, 0)  # num_warps 2 when a step is a single super-block (BB = 1)
-KQUANT_INT8 = {QT.Q4_K: (8, 4, 2, 2), QT.Q6_K: (16, 2, 2, 2)}
+KQUANT_INT8 = {QT.Q4_K: (8, 4, 4, 2), QT.Q6_K: (16, 2, 2, 2)}
 #: q4_K reads its plane (``gemv_q4plane``): a step is BB 128-value spans, not super-blocks.
+#: Long rows (K >= 8192, ffn_down) and small matrices (under INT8_MIN_BYTES) have their own tiles.
 Q4K_FLOAT = (8, 4, 4, 0)
+Q4K_INT8_LONG, Q4K_INT8_SMALL = (16, 2, 2, 2), (8, 16, 4, 2)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
@@ -81,7 +83,7 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
 
 #: Roles whose input is an RMSNorm output: there the int8 path's quantizing launch replaces the
 #: norm's own launch, so it pays at any size (other weights need INT8_MIN_BYTES).
-INT8_NORM_ROLES: tuple[str, ...] = ("gate_up", "output")
+INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
 
 
 def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int, int, int]:
@@ -95,6 +97,10 @@ def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int,
         nb = k // (128 if qt == QT.Q4_K else 256)
         if qt in KQUANT_INT8 and (nbytes >= INT8_MIN_BYTES or role in INT8_NORM_ROLES):
             bn, cap, warps, mode = KQUANT_INT8[qt]
+            if qt == QT.Q4_K and k >= 8192:
+                bn, cap, warps, mode = Q4K_INT8_LONG
+            elif qt == QT.Q4_K and nbytes < INT8_MIN_BYTES:
+                bn, cap, warps, mode = Q4K_INT8_SMALL
             max_split = INT8_MAX_SPLIT[qt]
         else:
             bn, cap, warps, mode = Q4K_FLOAT if qt == QT.Q4_K else KQUANT_FLOAT
@@ -102,7 +108,10 @@ def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int,
         nb = k // 32
         bn, cap, warps, mode = (LEGACY_SMALL if nbytes < (2 << 20) else
                                 LEGACY_MID if nbytes < (64 << 20) else LEGACY_BIG)
-    bb = _pow2_divisor(nb, cap)
+    if qt == QT.Q4_K and mode == 2:  # the plane kernel masks a partial last step cheaply
+        bb = min(cap, 1 << (nb.bit_length() - 1))
+    else:
+        bb = _pow2_divisor(nb, cap)
     if qt in (QT.Q5_K, QT.Q6_K) and mode == 0 and bb == 1:
         warps = 2
     return bn, bb, warps, mode, min(max_split, auto_split(n, nb, bn, bb, nbytes))

@@ -4,8 +4,9 @@ bytes the prefill GEMMs expand, so a q4_K weight needs no raw blocks once its pl
 Row layout read here: span ``t`` (values ``128t .. 128t + 127``) is 64 bytes of ``qs``; byte
 ``32j + l`` (``j`` < 2, ``l`` < 32) holds value ``128t + 32j + l`` in its low nibble (sub-block
 ``4t + j``) and value ``128t + 64 + 32j + l`` in its high nibble (sub-block ``4t + 2 + j``).
-Sub-block ``b``'s 6-bit scale and min are bytes ``2b``, ``2b + 1`` of the row's ``sc``; block
-``t // 2``'s ``d`` and ``dmin`` are one 32-bit word of ``dm``. ``w = (d sc) q - (dmin m)``.
+Sub-block ``b``'s 6-bit scale and min are bytes ``2b``, ``2b + 1`` of the row's ``sc`` (read as
+32-bit words, two sub-blocks each); block ``t // 2``'s ``d`` and ``dmin`` are one 32-bit word
+of ``dm``. ``w = (d sc) q - (dmin m)``.
 
 Two kernels, as for the raw types (``gemv_kquant``, ``gemv_q8dot``): float products for small
 matrices, and int8 dot products (``dp4a``) over the two-digit int8 copy of x for large ones
@@ -26,20 +27,24 @@ from .planes import Q4KPlane
 
 @triton.jit
 def _scales(sc_ptr, dm_ptr, rb_sc, rb_dm, t, j, EVEN: tl.constexpr, m2):
-    """``(d sc, dmin m)`` of the low (sub-block 4t + j) and high (4t + 2 + j) halves, [BN, S, 2]."""
-    sb = (t * 4)[None, :, None] + j[None, None, :]
-    p = sc_ptr + rb_sc[:, None, None] + sb * 2
-    dw = dm_ptr + rb_dm[:, None, None] + (t // 2)[None, :, None]
+    """``(d sc, dmin m)`` of the low (sub-block 4t + j) and high (4t + 2 + j) halves, [BN, S, 2].
+
+    ``sc_ptr`` is the row's ``sc`` bytes as int32 words: word ``2t`` holds ``sc, m`` of
+    sub-blocks ``4t`` and ``4t + 1`` (bytes 0-1, 2-3), word ``2t + 1`` those of ``4t + 2``, ``4t + 3``.
+    """
+    p = sc_ptr + rb_sc[:, None] + (t * 2)[None, :]
+    dw = dm_ptr + rb_dm[:, None] + (t // 2)[None, :]
     if EVEN:
-        s_lo, m_lo = tl.load(p), tl.load(p + 1)
-        s_hi, m_hi = tl.load(p + 4), tl.load(p + 5)
-        w = tl.load(dw)
+        w_lo, w_hi, w = tl.load(p), tl.load(p + 1), tl.load(dw)
     else:
-        s_lo, m_lo = tl.load(p, mask=m2, other=0), tl.load(p + 1, mask=m2, other=0)
-        s_hi, m_hi = tl.load(p + 4, mask=m2, other=0), tl.load(p + 5, mask=m2, other=0)
-        w = tl.load(dw, mask=m2, other=0)
-    d = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = ((w >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        w_lo, w_hi, w = tl.load(p, mask=m2, other=0), tl.load(p + 1, mask=m2, other=0), tl.load(dw, mask=m2, other=0)
+    d = ((w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))[:, :, None]
+    dmin = (((w >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))[:, :, None]
+    sh = (j * 16)[None, None, :]
+    s_lo = (w_lo[:, :, None] >> sh) & 0xFF
+    m_lo = (w_lo[:, :, None] >> (sh + 8)) & 0xFF
+    s_hi = (w_hi[:, :, None] >> sh) & 0xFF
+    m_hi = (w_hi[:, :, None] >> (sh + 8)) & 0xFF
     return (d * s_lo.to(tl.float32), dmin * m_lo.to(tl.float32),
             d * s_hi.to(tl.float32), dmin * m_hi.to(tl.float32))
 
@@ -78,8 +83,7 @@ def _gemv_q4p_kernel(
             x_hi = tl.load(x_row + xo + 64, mask=tm[:, None, None], other=0.0)
         s_lo = tl.sum((b & 0xF).to(tl.float32) * x_lo[None], axis=3)  # [BN, S, 2]
         s_hi = tl.sum((b >> 4).to(tl.float32) * x_hi[None], axis=3)
-        a_lo, c_lo, a_hi, c_hi = _scales(sc_ptr, dm_ptr, r * (NT * 8), r * (NT // 2), t, j, EVEN,
-                                         tm[None, :, None])
+        a_lo, c_lo, a_hi, c_hi = _scales(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, j, EVEN, tm[None, :])
         acc += a_lo * s_lo - c_lo * tl.sum(x_lo, axis=2)[None] + a_hi * s_hi - c_hi * tl.sum(x_hi, axis=2)[None]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
@@ -140,8 +144,7 @@ def _gemv_q4p_i8_kernel(
         il_lo = tl.sum(_dp4a(qlo, xl_lo[None], USE_ASM), axis=3).to(tl.float32)
         ih_hi = tl.sum(_dp4a(qhi, xh_hi[None], USE_ASM), axis=3).to(tl.float32)
         il_hi = tl.sum(_dp4a(qhi, xl_hi[None], USE_ASM), axis=3).to(tl.float32)
-        a_lo, c_lo, a_hi, c_hi = _scales(sc_ptr, dm_ptr, r * (NT * 8), r * (NT // 2), t, j, EVEN,
-                                         tm[None, :, None])
+        a_lo, c_lo, a_hi, c_hi = _scales(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, j, EVEN, tm[None, :])
         acc += a_lo * ((ih_lo + il_lo * (1.0 / 256.0)) * xs_lo[None]) - c_lo * xa_lo[None]
         acc += a_hi * ((ih_hi + il_hi * (1.0 / 256.0)) * xs_hi[None]) - c_hi * xa_hi[None]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
@@ -169,12 +172,13 @@ def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_wa
     meta = dict(HAS_BIAS=has_bias, EVEN=_even(nt, spans, split), BN=bn, S=spans, SPLIT=split,
                 num_warps=num_warps, num_stages=num_stages)
     dm32 = plane.dm.view(torch.int32)
+    sc32 = plane.sc.view(plane.sc.shape[0], -1).view(torch.int32)  # (N, K/32, 2) bytes -> (N, K/64) words
     if int8:
         xh, xl, xs, x16 = quantize_x(x, norm, swiglu)
-        _gemv_q4p_i8_kernel[grid](xh, xl, xs, x16, plane.qs.view(torch.int32), plane.sc, dm32, b, y, part, cnt,
+        _gemv_q4p_i8_kernel[grid](xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
                                   n, nt, y.stride(0), sbm, scratch.n_blocks, USE_ASM=x.is_cuda, **meta)
     else:
         assert norm is None and not swiglu
-        _gemv_q4p_kernel[grid](x, plane.qs, plane.sc, dm32, b, y, part, cnt,
+        _gemv_q4p_kernel[grid](x, plane.qs, sc32, dm32, b, y, part, cnt,
                                n, nt, x.stride(0), y.stride(0), sbm, scratch.n_blocks, **meta)
     return y
