@@ -3,9 +3,9 @@
 Two steps are wrapped this way: the decode step (one token at ``positions``) and the prefill step
 (a prompt padded to a bucket length, ``positions`` being the row whose logits it returns).
 
-The first call with a new shape/dtype key (after ``capture_after`` eager calls) warms the step up on a side stream (Triton compiles,
-lazily built planes and caches appear outside the capture), captures one call into a graph, then
-replays it. Later calls copy the inputs into the graph's static buffers, replay, and return the
+The first call with a new shape/dtype key (after ``capture_after`` eager calls) warms the step
+up on a side stream (Triton compiles, lazily built planes and caches appear outside the capture),
+captures one call into a graph, then replays it. Later calls copy the inputs into the graph's static buffers, replay, and return the
 graph's static logits: the returned tensor is overwritten by the next call (read or copy it
 first; the engine samples from it before stepping again).
 
@@ -42,7 +42,7 @@ class _Captured:
 
 
 class GraphedStep:
-    """A decode step that replays CUDA graphs (one per input key), eager where capture failed."""
+    """A step that replays CUDA graphs (one per input key), eager where capture failed."""
 
     def __init__(self, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], device, warmup: int = WARMUP,
                  capture_after: int = 0, what: str = "decode"):

@@ -13,9 +13,10 @@ same bytes as the raw blocks). The q4_K plane holds the same values whoever buil
 prefill planes exist never changes a decode result. No decode kernel but q5_K's reads raw bytes
 (``Candidate.reads_raw``), so the core can release them.
 
-Kernels: float GEMVs (``gemv_kquant``, ``gemv_legacy``; ~1e-7 of ``sum |x w|``) for every type,
-and for q4_K / q6_K weights of 16 MiB or more int8 dot products over a two-digit int8 copy of x
-(``gemv_q8dot``; ~1e-5). Short, wide matrices split the row over several programs
+Kernels: float GEMVs (``gemv_kquant``, ``gemv_legacy``, ``gemv_q4plane``; ~1e-7 of
+``sum |x w|``) for every type, and int8 dot products over a two-digit int8 copy of x (~1e-5;
+``gemv_q8dot`` for q6_K, ``gemv_q4plane`` for q4_K) for weights of 16 MiB or more and for the
+weights fed by an RMSNorm (qkv, gate|up, output head), whose norm the quantizer applies. Short, wide matrices split the row over several programs
 (``gemv_split``, deterministic). :func:`decode_config` holds the measured choices.
 
 Fused pieces (``Candidate.fuses``, keyword arguments of ``fn``): every GEMV of a weight without a
@@ -39,7 +40,7 @@ MAX_ROWS = 15
 
 #: Kernel configs ``(BN rows per program, BB blocks per step, num_warps, MODE)``; MODE 0: float
 #: kernels summing per sub-block, 1: float kernels dequantizing with one FMA, 2: int8 dot products
-#: (``gemv_q8dot``, q4_K / q6_K only; it adds one small launch that quantizes x). The values are
+#: (q4_K / q6_K only; it adds one small launch that quantizes x). The values are
 #: the winners of the H200 sweeps (plugins/mmq_triton/tests/test_decode_bench.py --sweep and
 #: benchmarks/sweep_gemv.py, results in benchmarks/results/, 2026-11-30) at the 7B / 0.5B shapes.
 KQUANT_FLOAT = (8, 2, 4, 0)  # num_warps 2 when a step is a single super-block (BB = 1)
