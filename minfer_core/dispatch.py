@@ -26,6 +26,7 @@ PHASES = ("prefill", "decode")
 PRODUCERS = ("rmsnorm", "swiglu")
 PREPASS = "prepass"
 DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
+PREFILL_OPS = ("prefill_rope_kv",)  # multi-row fused ops: the prefill order, no gate
 STEPS = ("decode_step", "prefill_step")  # whole steps a plugin may wrap (minfer_wrap_<step>)
 MMQ_GATE, TRANSPOSE_GATE = "MINFER_MMQ", "MINFER_MMQ_A_TRANSPOSE"
 
@@ -54,6 +55,7 @@ class Plan:
     tensors: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (class, qtype)
     decode_step_order: list[str] = field(default_factory=list)
     decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv'
+    prefill_ops: dict[str, Candidate] = field(default_factory=dict)  # 'prefill_rope_kv'
     prefill_step: Optional[Candidate] = None
     released_raw: int = 0  # bytes of raw GGUF blocks released because planes replace them
     prefill_step_order: list[str] = field(default_factory=list)
@@ -69,6 +71,7 @@ class Plan:
         out["producers"] = {k: c.label for k, c in self.producers.items()}
         out["attention"] = {k: c.label for k, c in self.attention.items()}
         out["decode_ops"] = {k: c.label for k, c in self.decode_ops.items()}
+        out["prefill_ops"] = {k: c.label for k, c in self.prefill_ops.items()}
         out["decode_step"] = self.decode_step.label if self.decode_step else None
         out["prefill_step"] = self.prefill_step.label if self.prefill_step else None
         return out
@@ -208,6 +211,9 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions
         offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
         plan.decode_ops[kind] = _choose(offers, ranking(policy, "decode", backend), f"producer {kind}", log, plan.notes)
+    for kind in PREFILL_OPS:
+        offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
+        plan.prefill_ops[kind] = _choose(offers, ranking(policy, "prefill", backend), f"producer {kind}", log, plan.notes)
     for work in STEPS:
         hook = getattr(pm.hook, f"minfer_wrap_{work}")
         wrappers = {impl.plugin_name: impl.function for impl in hook.get_hookimpls()}

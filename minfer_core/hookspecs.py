@@ -87,6 +87,10 @@ def minfer_producer_candidates(kind, ctx):
     ``"decode_rope_kv"``: ``fn(q, k, v, cos, sin, k_cache, v_cache, pos, neox) -> q (H, D)``, which
     rotates q (H*D,) and k (Hkv*D,), writes k and v into row ``pos`` (a (1,) device tensor, never
     read on the host) of the layer's caches (n_ctx, Hkv, D). The reference backend offers both.
+    One kind serves the prefill and is ranked by the policy's prefill order (no gate either):
+    ``"prefill_rope_kv"``: ``fn(q, k, v, cos, sin, k_cache, v_cache, start, neox) -> q (T, H, D)``
+    rotates q (T, H, D) and k (T, Hkv, D) (heads contiguous, rows possibly strided) and writes k
+    and v into cache rows ``start .. start + T - 1``.
     """
 
 

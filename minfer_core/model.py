@@ -17,7 +17,6 @@ from .config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
 from .reference import rmsnorm_rows as rmsnorm
-from .reference import rotate
 from .weights import Activation, Weight
 
 PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
@@ -29,11 +28,6 @@ def rope_tables(cfg: ModelConfig, n_ctx: int, device) -> tuple[torch.Tensor, tor
     inv = 1.0 / (cfg.rope_base ** (torch.arange(half, dtype=torch.float64) / half))
     ang = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inv[None, :]
     return ang.cos().float().to(device), ang.sin().float().to(device)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """x (T, heads, D); cos/sin (T, D/2). neox rotates halves, normal rotates adjacent pairs."""
-    return rotate(x, cos, sin, style == "neox")
 
 
 class KVCache:
@@ -58,6 +52,7 @@ class Runtime:
         self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
         self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
         self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]
+        self.pre_rope_kv = plan.prefill_ops["prefill_rope_kv"]  # RoPE + KV write of a prompt's rows
 
     def _run(self, kernel, *args, **kw):
         self.counts[kernel.label] += 1
@@ -180,10 +175,9 @@ class Transformer:
         for i in range(cfg.n_layers):
             a = self.rt.rmsnorm(h, self.p.attn_norm[i], cfg.rms_eps)
             q, k, v = self.qkv(i, a)
-            q = apply_rope(q.view(T, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_style)
-            k = apply_rope(k.view(T, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_style)
-            c.k[i, start:start + T] = k.to(c.k.dtype)
-            c.v[i, start:start + T] = v.view(T, cfg.n_kv_heads, cfg.head_dim).to(c.v.dtype)
+            q = self.rt._run(self.rt.pre_rope_kv, q.view(T, cfg.n_heads, cfg.head_dim),
+                             k.view(T, cfg.n_kv_heads, cfg.head_dim), v.view(T, cfg.n_kv_heads, cfg.head_dim),
+                             cos, sin, c.k[i], c.v[i], start, cfg.rope_style == "neox")
             o = self.rt._run(self.rt.attn_prefill, q, c.k[i, :start + T], c.v[i, :start + T], start)
             h = h + self.rt.linear(self.p.layers[i].o, self.rt.produce(o) if T >= PREFILL_ROWS else o)
             h = h + self.ffn(i, self.rt.rmsnorm(h, self.p.ffn_norm[i], cfg.rms_eps))

@@ -97,12 +97,23 @@ def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, pos, neox: bool) -> torch
     return qr
 
 
+def rope_kv_rows(q, k, v, cos, sin, k_cache, v_cache, start: int, neox: bool) -> torch.Tensor:
+    """T tokens at positions ``start ..``: rotate q (T, H, D) and k (T, Hkv, D), write k and v into
+    cache rows ``start .. start + T - 1``; return rotated q (T, H, D)."""
+    t = q.shape[0]
+    k_cache[start:start + t] = rotate(k, cos, sin, neox).to(k_cache.dtype)
+    v_cache[start:start + t] = v.to(v_cache.dtype)
+    return rotate(q, cos, sin, neox)
+
+
 @hookimpl
 def minfer_producer_candidates(kind, ctx):
     if kind == "decode_rmsnorm":
         return [Candidate(NAME, "ref.dec.rmsnorm", rmsnorm_rows)]
     if kind == "decode_rope_kv":
         return [Candidate(NAME, "ref.dec.rope_kv", rope_kv_write)]
+    if kind == "prefill_rope_kv":
+        return [Candidate(NAME, "ref.pre.rope_kv", rope_kv_rows)]
     return None
 
 

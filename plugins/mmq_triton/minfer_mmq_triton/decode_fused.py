@@ -1,4 +1,5 @@
-"""Fused elementwise kernels for the single-token decode step (one launch each, graph friendly).
+"""Fused elementwise kernels for the single-token decode step (one launch each, graph friendly),
+and the same RoPE + KV write for the T rows of a prefill (``rope_kv_rows``).
 
 ``rmsnorm_row(x, w, eps)``: RMSNorm of a few float32 rows, one program per row.
 ``rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, pos, neox)``: rotates this token's ``q`` and
@@ -46,19 +47,21 @@ def _rmsnorm_kernel(
 def _rope_kv_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, qo_ptr,
-    # sizes
-    n_heads,
-    # strides (of the caches; rows of q, k, v, out are contiguous with stride D per head)
-    stride_ct, stride_ch, stride_vt, stride_vh,
+    # sizes: heads; the first cache row when rows are counted from a host value (POS_PTR False)
+    n_heads, start,
+    # strides: rows of q, k, v, cos/sin (one per token; heads within a row are D apart), caches
+    stride_qt, stride_kt, stride_vi, stride_cs, stride_ct, stride_ch, stride_vt, stride_vh,
     # meta
-    D: tl.constexpr, NEOX: tl.constexpr,
+    D: tl.constexpr, NEOX: tl.constexpr, POS_PTR: tl.constexpr,
 ):
-    """Program ``p < n_heads``: rotate q head ``p`` into qo (n_heads, D) float32.
-    Program ``p >= n_heads``: KV head ``h = p - n_heads``; rotate k head ``h`` into
-    ``k_cache[pos, h]`` and copy v head ``h`` into ``v_cache[pos, h]`` (both float16).
-    q (n_heads*D,), k/v (n_kv*D,), cos/sin (D/2,) float32; caches (n_ctx, n_kv, D) float16.
+    """Token ``t = program_id(1)``; program ``p < n_heads``: rotate q head ``p`` into qo (T, n_heads, D)
+    float32. Program ``p >= n_heads``: KV head ``h = p - n_heads``; rotate k head ``h`` into
+    ``k_cache[row, h]`` and copy v head ``h`` into ``v_cache[row, h]`` (both float16), where
+    ``row = pos[t]`` (POS_PTR, a device tensor: graph friendly) or ``start + t``.
+    cos/sin rows (D/2,) float32; caches (n_ctx, n_kv, D) float16.
     """
     p = tl.program_id(0)
+    t = tl.program_id(1)
     i = tl.arange(0, D // 2)
     if NEOX:
         ia = i
@@ -66,24 +69,30 @@ def _rope_kv_kernel(
     else:
         ia = 2 * i
         ib = 2 * i + 1
-    c = tl.load(cos_ptr + i)
-    s = tl.load(sin_ptr + i)
+    c = tl.load(cos_ptr + t * stride_cs + i)
+    s = tl.load(sin_ptr + t * stride_cs + i)
     if p < n_heads:
-        a = tl.load(q_ptr + p * D + ia)
-        b = tl.load(q_ptr + p * D + ib)
-        tl.store(qo_ptr + p * D + ia, a * c - b * s)
-        tl.store(qo_ptr + p * D + ib, a * s + b * c)
+        qr = q_ptr + t * stride_qt + p * D
+        a = tl.load(qr + ia)
+        b = tl.load(qr + ib)
+        qo = qo_ptr + (t * n_heads + p) * D
+        tl.store(qo + ia, a * c - b * s)
+        tl.store(qo + ib, a * s + b * c)
     else:
         h = p - n_heads
-        pos = tl.load(pos_ptr).to(tl.int64)
-        krow = kc_ptr + pos * stride_ct + h * stride_ch
-        a = tl.load(k_ptr + h * D + ia)
-        b = tl.load(k_ptr + h * D + ib)
+        if POS_PTR:
+            row = tl.load(pos_ptr + t).to(tl.int64)
+        else:
+            row = (start + t).to(tl.int64)
+        krow = kc_ptr + row * stride_ct + h * stride_ch
+        kr = k_ptr + t * stride_kt + h * D
+        a = tl.load(kr + ia)
+        b = tl.load(kr + ib)
         tl.store(krow + ia, (a * c - b * s).to(tl.float16))
         tl.store(krow + ib, (a * s + b * c).to(tl.float16))
         d = tl.arange(0, D)
-        v = tl.load(v_ptr + h * D + d)
-        tl.store(vc_ptr + pos * stride_vt + h * stride_vh + d, v.to(tl.float16))
+        v = tl.load(v_ptr + t * stride_vi + h * D + d)
+        tl.store(vc_ptr + row * stride_vt + h * stride_vh + d, v.to(tl.float16))
 
 
 def rmsnorm_row(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -131,13 +140,51 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         raise ValueError("rope_kv_write: q must hold n_heads*D, k and v n_kv*D, pos one index")
     n_heads = q.numel() // d
     q_out = torch.empty(n_heads, d, dtype=torch.float32, device=q.device)
-    _rope_kv_kernel[(n_heads + n_kv,)](
+    _rope_kv_kernel[(n_heads + n_kv, 1)](
         q, k, v, cos, sin, k_cache, v_cache, pos, q_out,
-        n_heads,
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), num_warps=1 if d <= 64 else 2,
+        n_heads, 0,
+        0, 0, 0, 0, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        D=d, NEOX=bool(neox), POS_PTR=True, num_warps=1 if d <= 64 else 2,
     )
     return q_out
+
+
+def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, neox: bool) -> torch.Tensor:
+    """The prefill's RoPE and KV-cache write for T tokens at positions ``start ..``, in one launch.
+
+    q (T, n_heads, D), k and v (T, n_kv, D) float32 whose heads are contiguous (rows may be
+    strided: views of a fused qkv output are fine); cos, sin (T, D/2) float32; caches
+    (n_ctx, n_kv, D) float16. Writes rotated k and v into cache rows ``start .. start + T - 1``
+    and returns rotated q as a new float32 (T, n_heads, D).
+    """
+    t, n_heads, d = q.shape
+    n_kv = k.shape[1]
+    if d & (d - 1) or cos.shape != (t, d // 2) or sin.shape != (t, d // 2):
+        raise ValueError(f"rope_kv_rows: head size {d} must be a power of two and cos/sin (T, D/2)")
+    if k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16 or k_cache.stride(2) != 1 \
+            or v_cache.stride(2) != 1 or start + t > k_cache.shape[0]:
+        raise ValueError("rope_kv_rows: caches must be float16 (n_ctx, n_kv, D) holding rows start .. start+T-1")
+    for name, x, heads in (("q", q, n_heads), ("k", k, n_kv), ("v", v, n_kv)):
+        if x.dtype != torch.float32 or x.shape[1:] != (heads, d) or x.stride(2) != 1 or x.stride(1) != d:
+            raise ValueError(f"rope_kv_rows: {name} must be float32 (T, heads, D) with contiguous heads")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q_out = torch.empty(t, n_heads, d, dtype=torch.float32, device=q.device)
+    _rope_kv_kernel[(n_heads + n_kv, t)](
+        q, k, v, cos, sin, k_cache, v_cache, q_out, q_out,
+        n_heads, start,
+        q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        D=d, NEOX=bool(neox), POS_PTR=False, num_warps=1 if d <= 64 else 2,
+    )
+    return q_out
+
+
+def prefill_op_candidates(kind: str) -> list[Candidate] | None:
+    """The multi-row fused ops of the prefill (ranked by the policy's prefill order, no gate)."""
+    if kind == "prefill_rope_kv":
+        return [Candidate("mmq_triton", "mmq.pre.rope_kv", rope_kv_rows)]
+    return None
 
 
 def decode_op_candidates(kind: str) -> list[Candidate] | None:

@@ -75,6 +75,10 @@ def minfer_producer_candidates(kind, ctx):
         from .decode_fused import decode_op_candidates
 
         return decode_op_candidates(kind)
+    if kind == "prefill_rope_kv":  # not a quantized-matmul feature: no gate reads it either
+        from .decode_fused import prefill_op_candidates
+
+        return prefill_op_candidates(kind)
     from .routes import producer_candidates
 
     return producer_candidates(kind, ctx)

@@ -174,3 +174,26 @@ def test_rope_kv_write_replays_in_a_cuda_graph_at_a_new_pos():
     assert_f16_within_ulp(k_cache[11], ref_rope(k.double().view(hkv, d), c64, s64, True))
     assert torch.equal(v_cache[11], v.view(hkv, d).half())
     assert not k_cache[:11].any() and not k_cache[12:].any() and not v_cache[1].any()
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_prefill_rope_kv_rows_match_the_reference(neox):
+    """The prefill's fused RoPE + KV write against the reference backend's torch version, on rows
+    that are strided views of a fused qkv output, written at a non-zero start."""
+    from minfer_core.reference import rope_kv_rows as ref_rows
+    from minfer_mmq_triton.decode_fused import rope_kv_rows
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(4)
+    t, h, hkv, d, start, n_ctx = 5, 4, 2, 16, 3, 12
+    qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dev)
+    q, k, v = (x.view(t, -1, d) for x in qkv.split([h * d, hkv * d, hkv * d], dim=-1))
+    ang = torch.rand(t, d // 2, generator=g) * 6
+    cos, sin = ang.cos().to(dev), ang.sin().to(dev)
+    caches = [torch.zeros(n_ctx, hkv, d, dtype=torch.float16, device=dev) for _ in range(4)]
+    want = ref_rows(q, k, v, cos, sin, caches[0], caches[1], start, neox)
+    got = rope_kv_rows(q, k, v, cos, sin, caches[2], caches[3], start, neox)
+    assert got.shape == (t, h, d) and torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(caches[2], caches[0]) or torch.allclose(caches[2].float(), caches[0].float(), atol=1e-3)
+    assert torch.equal(caches[3], caches[1])
+    assert caches[2][:start].abs().sum() == 0 and caches[2][start + t:].abs().sum() == 0
