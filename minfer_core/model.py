@@ -86,7 +86,7 @@ class Runtime:
                 x = F.silu(g) * u
         if residual is not None and "residual" in c.fuses:
             kw["residual"], residual = residual, None
-        y = self._run(c, x, **kw) if kw else self._run(c, x)
+        y = self._run(c, x, **kw)
         return y if residual is None else residual + y
 
     def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple) -> list[torch.Tensor]:

@@ -173,7 +173,7 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
             return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, False, split, scratch, res)
     elif qt == QT.Q5_K:
         def run(x, res, norm, swiglu):
-            return gemv_kquant.gemv_q45k(x, data, True, bias, bn, bb, warps, deq, split, scratch, res)
+            return gemv_kquant.gemv_q5k(x, data, bias, bn, bb, warps, deq, split, scratch, res)
     elif qt == QT.Q6_K:
         def run(x, res, norm, swiglu):
             return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res)
@@ -214,7 +214,8 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
     if qt not in SUPPORTED or weight.n_in % block:
         return []
     label = f"mmq.gemv.{qt.name.lower()}"
-    fused = fuses(decode_config(qt, weight.n_out, weight.n_in, weight.role), weight.bias)
+    config = decode_config(qt, weight.n_out, weight.n_in, weight.role)
+    fused = fuses(config, weight.bias)
     raw = qt == QT.Q5_K  # the only type whose GEMV reads the GGUF bytes at run time
     has_plane = gemv_pack.KEY in weight.planes or (qt == QT.Q4_K and planes.KEY_Q4K in weight.planes)
     if weight.raw is None and (raw or not has_plane):
@@ -224,10 +225,9 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
             if "fn" not in state:
                 if weight.raw is None and (raw or not has_plane):
                     raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
-                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in,
-                                        role=weight.role)
+                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config)
             return state["fn"](x, **kw)
 
         return [Candidate(PLUGIN, label, lazy, fuses=fused)]
-    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, role=weight.role)
+    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config)
     return [Candidate(PLUGIN, label, fn, fuses=fused, reads_raw=raw)]

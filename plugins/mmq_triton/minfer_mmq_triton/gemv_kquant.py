@@ -1,14 +1,13 @@
 """Decode GEMV over q5_K and q6_K: ``y = x @ W.T (+ b)``, 256-value super-blocks (q4_K reads its
 plane instead: ``gemv_q4plane``).
 
-q5_K is read straight from the GGUF rows (``weight.raw``; the kernel can also read q4_K's 144-byte
-rows, ``FIVE=False``, which nothing routes to any more): the blocks are 176 bytes, so every field
-starts 16-byte aligned and the quant bytes load 16 at a time. The packed
+q5_K is read straight from the GGUF rows (``weight.raw``): its blocks are 176 bytes, so every
+field starts 16-byte aligned and the quant bytes load 16 at a time. The packed
 6-bit scales/mins are decoded in the kernel from three 32-bit words. q6_K blocks (210 bytes) are
 read from the aligned :class:`~minfer_mmq_triton.gemv_pack.Q6KDecodePlane` (same bytes).
 
 Tiles: one program owns ``BN`` output rows; a step covers ``BB`` super-blocks, split into
-``G = 4 * BB`` groups (q4_K/q5_K: a 64-value chunk, whose low nibbles are one 32-value sub-block
+``G = 4 * BB`` groups (q5_K: a 64-value chunk, whose low nibbles are one 32-value sub-block
 and high nibbles the next; q6_K: a (128-half, 16-byte run) pair). Partial sums per (row, group)
 stay in registers and are scaled there; the row total is reduced once at the end.
 
@@ -23,11 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
 
 from .gemv_pack import Q6KDecodePlane
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0
+TS = tl.constexpr(176)  # q5_K block bytes
+QS = tl.constexpr(48)  # offset of the quant bytes in a q5_K block
 
 
 @triton.jit
@@ -50,16 +51,15 @@ def _k_scale_min(h1, h2, h3, j):
 
 
 @triton.jit
-def _gemv_q45k_kernel(
+def _gemv_q5k_kernel(
     # pointers: x, raw rows as bytes and as int32 words, bias, y
     x_ptr, w8_ptr, w32_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     # sizes and strides (elements)
     N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     # meta
-    FIVE: tl.constexpr, TS: tl.constexpr, QS: tl.constexpr,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """q4_K (FIVE=False) or q5_K. TS: block bytes (144 / 176), QS: offset of qs (16 / 48).
+    """q5_K rows (TS = 176-byte blocks: d, dmin, 12 scale bytes, qh at 16, qs at QS = 48).
     DEQ: dequantize each value with one FMA into a [BN, G, 32] accumulator (no per-step sums)
     instead of scaling per-group sums. Grid (cdiv(N, BN), M)."""
     G: tl.constexpr = 4 * BB
@@ -93,18 +93,15 @@ def _gemv_q45k_kernel(
             q = tl.load(qp, mask=gmask[None, :, None], other=0).to(tl.int32)
             x_lo = tl.load(x_row + xo, mask=gmask[:, None], other=0.0)
             x_hi = tl.load(x_row + xo + 32, mask=gmask[:, None], other=0.0)
-        if FIVE:  # bit 2c (low) / 2c+1 (high) of qh[b] is the fifth bit; v = 1 + u / 32
-            hp = w8_ptr + (rb * TS)[:, None, None] + (blk * TS + 16)[None, :, None] + b[None, None, :]
-            if EVEN:
-                qh = tl.load(hp).to(tl.int32)
-            else:
-                qh = tl.load(hp, mask=gmask[None, :, None], other=0).to(tl.int32)
-            qh = qh >> (2 * c)[None, :, None]
-            v_lo = (((q << 18) & 0x3C0000) | ((qh << 22) & 0x400000) | ONE).to(tl.float32, bitcast=True)
-            v_hi = (((q << 14) & 0x3C0000) | ((qh << 21) & 0x400000) | ONE).to(tl.float32, bitcast=True)
-        else:  # v = 1 + n / 16
-            v_lo = (((q << 19) & 0x780000) | ONE).to(tl.float32, bitcast=True)
-            v_hi = (((q << 15) & 0x780000) | ONE).to(tl.float32, bitcast=True)
+        # bit 2c (low) / 2c+1 (high) of qh[b] is the fifth bit; v = 1 + u / 32
+        hp = w8_ptr + (rb * TS)[:, None, None] + (blk * TS + 16)[None, :, None] + b[None, None, :]
+        if EVEN:
+            qh = tl.load(hp).to(tl.int32)
+        else:
+            qh = tl.load(hp, mask=gmask[None, :, None], other=0).to(tl.int32)
+        qh = qh >> (2 * c)[None, :, None]
+        v_lo = (((q << 18) & 0x3C0000) | ((qh << 22) & 0x400000) | ONE).to(tl.float32, bitcast=True)
+        v_hi = (((q << 14) & 0x3C0000) | ((qh << 21) & 0x400000) | ONE).to(tl.float32, bitcast=True)
         # -- block header as words: d|dmin, then the 12 scale bytes
         hw = w32_ptr + (rb * (TS // 4))[:, None] + (blk * (TS // 4))[None, :]
         if EVEN:
@@ -122,12 +119,8 @@ def _gemv_q45k_kernel(
         j = 2 * c[None, :]
         sc_lo, mn_lo = _k_scale_min(h1, h2, h3, j)
         sc_hi, mn_hi = _k_scale_min(h1, h2, h3, j + 1)
-        if FIVE:
-            a_lo = (32.0 * d) * sc_lo
-            a_hi = (32.0 * d) * sc_hi
-        else:
-            a_lo = (16.0 * d) * sc_lo
-            a_hi = (16.0 * d) * sc_hi
+        a_lo = (32.0 * d) * sc_lo
+        a_hi = (32.0 * d) * sc_hi
         if DEQ:  # w = a v - (a + dmin m)
             w_lo = v_lo * a_lo[:, :, None] - (a_lo + dmin * mn_lo)[:, :, None]
             w_hi = v_hi * a_hi[:, :, None] - (a_hi + dmin * mn_hi)[:, :, None]
@@ -158,7 +151,7 @@ def _gemv_q6k_kernel(
 
     Group ``g`` = (block, half h, run s): bytes ``i < 16`` of ql at ``64h + 16s + i`` and
     ``64h + 32 + 16s + i``, qh at ``128 + 32h + 16s + i``, hold values ``128h + 32k + 16s + i``
-    (k = 0..3) with scale ``scales[8h + 2k + s]``. DEQ as in ``_gemv_q45k_kernel``.
+    (k = 0..3) with scale ``scales[8h + 2k + s]``. DEQ as in ``_gemv_q5k_kernel``.
     """
     G: tl.constexpr = 4 * BB
     pid = tl.program_id(0)
@@ -245,29 +238,22 @@ def _gemv_q6k_kernel(
                HAS_BIAS, SPLIT)
 
 
-def _even(nb: int, bb: int, split: int) -> bool:
-    """Whether every split covers whole steps of BB blocks (no masks needed)."""
-    per = -(-(-(-nb // split)) // bb) * bb
-    return nb % per == 0
-
-
-def gemv_q45k(x: torch.Tensor, raw: torch.Tensor, five: bool, bias: torch.Tensor | None,
+def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
               bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
               scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """q4_K / q5_K raw rows ``(N, NB * TS)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``
+    """q5_K raw rows ``(N, NB * 176)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``
     (plus ``residual`` ``(M, N)`` when given)."""
     n = raw.shape[0]
-    nb = raw.shape[1] // (176 if five else 144)
+    nb = raw.shape[1] // 176
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     scratch = scratch or SplitScratch(n, bn, split)
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
-    _gemv_q45k_kernel[(scratch.n_blocks, split, m)](
+    _gemv_q5k_kernel[(scratch.n_blocks, split, m)](
         x, raw, raw.view(torch.int32), b, y, part, cnt,
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
-        FIVE=five, TS=176 if five else 144, QS=48 if five else 16, HAS_BIAS=has_bias,
-        EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split, num_warps=num_warps,
+        HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split, num_warps=num_warps,
     )
     return y
 
@@ -285,7 +271,7 @@ def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
     _gemv_q6k_kernel[(scratch.n_blocks, split, m)](
         x, plane.w, plane.w.view(torch.int8), plane.d, b, y, part, cnt,
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
-        HAS_BIAS=has_bias, EVEN=_even(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
+        HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
         num_warps=num_warps,
     )
     return y

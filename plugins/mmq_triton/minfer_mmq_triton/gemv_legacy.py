@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
 
 from .gemv_pack import LegacyPlane
 
@@ -125,8 +125,6 @@ def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch
                 bn: int, bb: int, num_warps: int, split: int = 1,
                 scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` contiguous rows -> float32 ``(M, N)`` (plus ``residual``)."""
-    from .gemv_kquant import _even
-
     n, nb = plane.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -139,6 +137,6 @@ def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch
         x, plane.qs, qh, plane.d, mn, b, y, part, cnt,
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
         QT=TYPE_IDS[type_name], QB=plane.qs.shape[1] // nb, HAS_BIAS=has_bias,
-        EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split, num_warps=num_warps,
+        EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, SPLIT=split, num_warps=num_warps,
     )
     return y

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .gemv_q8dot import _dp4a, quantize_x
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
 from .planes import Q4KPlane
 
 
@@ -152,11 +152,6 @@ def _gemv_q4p_i8_kernel(
                HAS_BIAS, SPLIT)
 
 
-def _even(nt: int, s: int, split: int) -> bool:
-    per = -(-(-(-nt // split)) // s) * s
-    return nt % per == 0
-
-
 def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_warps: int, int8: bool,
              split: int, scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
              num_stages: int = 3) -> torch.Tensor:
@@ -169,7 +164,7 @@ def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_wa
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     grid = (scratch.n_blocks, split, m)
-    meta = dict(HAS_BIAS=has_bias, EVEN=_even(nt, spans, split), BN=bn, S=spans, SPLIT=split,
+    meta = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), BN=bn, S=spans, SPLIT=split,
                 num_warps=num_warps, num_stages=num_stages)
     dm32 = plane.dm.view(torch.int32)
     sc32 = plane.sc.view(plane.sc.shape[0], -1).view(torch.int32)  # (N, K/32, 2) bytes -> (N, K/64) words

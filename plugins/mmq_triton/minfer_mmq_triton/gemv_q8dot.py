@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
 
 QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
 
@@ -167,8 +167,6 @@ def gemv_i8(x: torch.Tensor, data, bias: torch.Tensor | None, bn: int, bb: int,
     """A q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)`` (q4_K: ``gemv_q4plane``).
 
     ``norm``/``swiglu``: see :func:`quantize_x`; ``residual`` ``(M, N)`` is added to the result."""
-    from .gemv_kquant import _even
-
     xh, xl, xs, x16 = quantize_x(x, norm, swiglu)
     m = x.shape[0]
     n, nb = data.d.shape
@@ -176,7 +174,7 @@ def gemv_i8(x: torch.Tensor, data, bias: torch.Tensor | None, bn: int, bb: int,
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
-    meta = dict(HAS_BIAS=has_bias, EVEN=_even(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
+    meta = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
                 USE_ASM=x.is_cuda, num_warps=num_warps, num_stages=num_stages)
     grid = (scratch.n_blocks, split, m)
     _gemv_q6k_i8_kernel[grid](xh, xl, xs, x16, w32, data.w.view(torch.int8), data.d, b, y, part, cnt,

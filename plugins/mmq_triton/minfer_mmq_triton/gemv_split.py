@@ -52,6 +52,12 @@ def store_rows(y, rows, N, xm, pid_n, s, y_ptr, stride_ym, bias_ptr, stride_bm, 
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
+def whole_steps(nb: int, bb: int, split: int) -> bool:
+    """Whether every split (see :func:`split_range`) covers whole steps of BB blocks: no masks needed."""
+    per = -(-(-(-nb // split)) // bb) * bb
+    return nb % per == 0
+
+
 class SplitScratch:
     """Per-weight partial sums and zeroed arrival counters, one set per activation row count."""
 
