@@ -30,6 +30,8 @@ import triton.language as tl
 
 from minfer_core.weights import Candidate
 
+from .pdl import enabled as pdl_enabled, enter, launch_args
+
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.splitkv"
 LOG2E = 1.4426950408889634
@@ -40,8 +42,9 @@ def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
+    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
     nv = tl.load(nv_ptr)
@@ -82,8 +85,9 @@ def _attn_split_kernel(
 @triton.jit
 def _attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
                          D: tl.constexpr, DP: tl.constexpr, NSPLIT: tl.constexpr,
-                         BLOCK_S: tl.constexpr, CH: tl.constexpr):
+                         BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
     """Head ``h``: weigh the splits that hold valid positions (CH at a time) and normalize."""
+    enter(PDL)
     h = tl.program_id(0)
     nv = tl.load(nv_ptr)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
@@ -115,10 +119,11 @@ def _n_splits(max_ctx: int, n_kv: int, block_s: int, device: torch.device) -> in
 
 
 class SplitKVAttention:
-    """The decode attention callable; keeps its partial-result scratch per shape (graph friendly)."""
+    """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
+    ``pdl``: launch both kernels with programmatic dependent launch (see ``pdl``)."""
 
-    def __init__(self, block_s: int = 64, num_warps: int = 4):
-        self.block_s, self.num_warps = block_s, num_warps
+    def __init__(self, block_s: int = 64, num_warps: int = 4, pdl: bool = False):
+        self.block_s, self.num_warps, self.pdl = block_s, num_warps, pdl
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def _buffers(self, h: int, dp: int, nsplit: int, device) -> tuple[torch.Tensor, ...]:
@@ -148,10 +153,11 @@ class SplitKVAttention:
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps,
+            BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
         _attn_combine_kernel[(h,)](o_part, m_part, l_part, n_valid, out, D=d, DP=dp, NSPLIT=nsplit,
-                                   BLOCK_S=self.block_s, CH=min(nsplit, 16), num_warps=4)
+                                   BLOCK_S=self.block_s, CH=min(nsplit, 16), num_warps=4,
+                                   **launch_args(self.pdl))
         return out
 
 
@@ -177,7 +183,7 @@ def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int)
 def attention_candidates(phase: str, ctx) -> list[Candidate]:
     """Decode: the split-KV kernel. Prefill (GPU only): torch's flash SDPA in f16."""
     if phase == "decode":
-        return [Candidate(PLUGIN, LABEL, SplitKVAttention())]
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx)))]
     if ctx.device.type == "cuda":
         return [Candidate(PLUGIN, "mmq.attn.flash", prefill_flash)]
     return []

@@ -34,6 +34,7 @@ from gguf import GGMLQuantizationType as QT
 from minfer_core.weights import Candidate, Weight
 
 from . import gemv_pack, planes
+from .pdl import enabled as pdl_enabled, prefetch_lines
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15
@@ -143,9 +144,11 @@ def fuses(config: tuple, bias) -> tuple[str, ...]:
 
 
 def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
-              config: Optional[tuple] = None, role: str = "") -> Callable[..., torch.Tensor]:
+              config: Optional[tuple] = None, role: str = "",
+              pdl: bool = False) -> Callable[..., torch.Tensor]:
     """``fn(x (M, K) f32, residual=None, norm=None, swiglu=False) -> (M, n) f32`` over prepared
     ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves.
+    ``pdl``: launch with programmatic dependent launch (``pdl``; CUDA, compute capability 9.0+).
 
     ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])``, default :func:`decode_config`."""
     from . import gemv_kquant, gemv_legacy, gemv_q4plane, gemv_q8dot, gemv_split  # kernels load lazily
@@ -158,30 +161,33 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     split = rest[1] if len(rest) > 1 else decode_config(qt, n, k, role)[4]
     stages = rest[2] if len(rest) > 2 else 3  # Triton's num_stages (software pipelining of the loop)
     scratch = gemv_split.SplitScratch(n, bn, split)
+    prefetch = prefetch_lines(n, k) if pdl else 0
     if mode == 2:
         if qt not in (QT.Q4_K, QT.Q6_K):
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
         if qt == QT.Q6_K:
             def run(x, res, norm, swiglu):
-                return gemv_q8dot.gemv_i8(x, data, bias, bn, bb, warps, split, scratch, res, norm, swiglu, stages)
+                return gemv_q8dot.gemv_i8(x, data, bias, bn, bb, warps, split, scratch, res, norm, swiglu, stages,
+                                          pdl, prefetch)
         else:
             def run(x, res, norm, swiglu):
                 return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, True, split, scratch, res, norm, swiglu,
-                                             stages)
+                                             stages, pdl, prefetch)
     elif qt == QT.Q4_K:
         def run(x, res, norm, swiglu):
-            return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, False, split, scratch, res)
+            return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, False, split, scratch, res,
+                                         pdl=pdl, prefetch=prefetch)
     elif qt == QT.Q5_K:
         def run(x, res, norm, swiglu):
-            return gemv_kquant.gemv_q5k(x, data, bias, bn, bb, warps, deq, split, scratch, res)
+            return gemv_kquant.gemv_q5k(x, data, bias, bn, bb, warps, deq, split, scratch, res, pdl, prefetch)
     elif qt == QT.Q6_K:
         def run(x, res, norm, swiglu):
-            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res)
+            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res, pdl, prefetch)
     else:
         name = qt.name.lower()
 
         def run(x, res, norm, swiglu):
-            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch, res)
+            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch, res, pdl, prefetch)
 
     fused = fuses(config, bias)
 
@@ -216,6 +222,7 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
     label = f"mmq.gemv.{qt.name.lower()}"
     config = decode_config(qt, weight.n_out, weight.n_in, weight.role)
     fused = fuses(config, weight.bias)
+    pdl = pdl_enabled(ctx)
     raw = qt == QT.Q5_K  # the only type whose GEMV reads the GGUF bytes at run time
     has_plane = gemv_pack.KEY in weight.planes or (qt == QT.Q4_K and planes.KEY_Q4K in weight.planes)
     if weight.raw is None and (raw or not has_plane):
@@ -225,9 +232,10 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
             if "fn" not in state:
                 if weight.raw is None and (raw or not has_plane):
                     raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
-                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config)
+                state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config,
+                                        pdl=pdl)
             return state["fn"](x, **kw)
 
         return [Candidate(PLUGIN, label, lazy, fuses=fused)]
-    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config)
+    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config, pdl=pdl)
     return [Candidate(PLUGIN, label, fn, fuses=fused, reads_raw=raw)]

@@ -13,11 +13,15 @@ Rotation of a pair ``(a, b)`` with ``c = cos[i]``, ``s = sin[i]``: ``(a c - b s,
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from minfer_core.weights import Candidate
+
+from .pdl import enabled as pdl_enabled, enter, launch_args
 
 
 @triton.jit
@@ -29,9 +33,10 @@ def _rmsnorm_kernel(
     # strides
     stride_xm, stride_om,
     # meta
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Row ``m = program_id(0)``: ``out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w``; x (M, E), w (E,)."""
+    enter(PDL)
     m = tl.program_id(0)
     e = tl.arange(0, BLOCK)
     mask = e < E
@@ -52,7 +57,7 @@ def _rope_kv_kernel(
     # strides: rows of q, k, v, cos/sin (one per token; heads within a row are D apart), caches
     stride_qt, stride_kt, stride_vi, stride_cs, stride_ct, stride_ch, stride_vt, stride_vh,
     # meta
-    D: tl.constexpr, NEOX: tl.constexpr, POS_PTR: tl.constexpr,
+    D: tl.constexpr, NEOX: tl.constexpr, POS_PTR: tl.constexpr, PDL: tl.constexpr,
 ):
     """Token ``t = program_id(1)``; program ``p < n_heads``: rotate q head ``p`` into qo (T, n_heads, D)
     float32. Program ``p >= n_heads``: KV head ``h = p - n_heads``; rotate k head ``h`` into
@@ -60,6 +65,7 @@ def _rope_kv_kernel(
     ``row = pos[t]`` (POS_PTR, a device tensor: graph friendly) or ``start + t``.
     cos/sin rows (D/2,) float32; caches (n_ctx, n_kv, D) float16.
     """
+    enter(PDL)
     p = tl.program_id(0)
     t = tl.program_id(1)
     i = tl.arange(0, D // 2)
@@ -95,7 +101,7 @@ def _rope_kv_kernel(
         tl.store(vc_ptr + row * stride_vt + h * stride_vh + d, v.to(tl.float16))
 
 
-def rmsnorm_row(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm_row(x: torch.Tensor, w: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
     """RMSNorm of x float32 (M, E) with weight w float32 (E,) -> new float32 (M, E); one launch.
 
     Meant for decode (M small); each row is one program holding all of E (up to 8192) at once.
@@ -111,14 +117,14 @@ def rmsnorm_row(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         x, w, out,
         e, float(eps),
         x.stride(0), out.stride(0),
-        BLOCK=block, num_warps=max(1, min(16, block // 256)),
+        BLOCK=block, num_warps=max(1, min(16, block // 256)), **launch_args(pdl),
     )
     return out
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                  neox: bool) -> torch.Tensor:
+                  neox: bool, pdl: bool = False) -> torch.Tensor:
     """RoPE for one token plus the KV-cache write, in one launch; returns rotated q (n_heads, D) f32.
 
     q (n_heads*D,), k and v (n_kv*D,) float32, each contiguous in itself (views of a fused qkv
@@ -144,7 +150,7 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         q, k, v, cos, sin, k_cache, v_cache, pos, q_out,
         n_heads, 0,
         0, 0, 0, 0, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), POS_PTR=True, num_warps=1 if d <= 64 else 2,
+        D=d, NEOX=bool(neox), POS_PTR=True, num_warps=1 if d <= 64 else 2, **launch_args(pdl),
     )
     return q_out
 
@@ -175,7 +181,7 @@ def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.T
         n_heads, start,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), POS_PTR=False, num_warps=1 if d <= 64 else 2,
+        D=d, NEOX=bool(neox), POS_PTR=False, num_warps=1 if d <= 64 else 2, PDL=False,
     )
     return q_out
 
@@ -187,10 +193,11 @@ def prefill_op_candidates(kind: str) -> list[Candidate] | None:
     return None
 
 
-def decode_op_candidates(kind: str) -> list[Candidate] | None:
+def decode_op_candidates(kind: str, ctx) -> list[Candidate] | None:
     """The single-token fused ops (the core ranks them by the policy's decode order)."""
+    pdl = pdl_enabled(ctx)
     if kind == "decode_rmsnorm":
-        return [Candidate("mmq_triton", "mmq.dec.rmsnorm", rmsnorm_row)]
+        return [Candidate("mmq_triton", "mmq.dec.rmsnorm", functools.partial(rmsnorm_row, pdl=pdl))]
     if kind == "decode_rope_kv":
-        return [Candidate("mmq_triton", "mmq.dec.rope_kv", rope_kv_write)]
+        return [Candidate("mmq_triton", "mmq.dec.rope_kv", functools.partial(rope_kv_write, pdl=pdl))]
     return None

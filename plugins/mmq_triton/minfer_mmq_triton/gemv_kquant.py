@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
-
 from .gemv_pack import Q6KDecodePlane
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .pdl import enter, gemv_launch_args, prefetch_rows
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0
 TS = tl.constexpr(176)  # q5_K block bytes
@@ -58,6 +58,7 @@ def _gemv_q5k_kernel(
     N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     # meta
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr,
 ):
     """q5_K rows (TS = 176-byte blocks: d, dmin, 12 scale bytes, qh at 16, qs at QS = 48).
     DEQ: dequantize each value with one FMA into a [BN, G, 32] accumulator (no per-step sums)
@@ -79,6 +80,9 @@ def _gemv_q5k_kernel(
     else:
         acc = tl.zeros([BN, G], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
+    if PDL:  # weights only: nothing an earlier kernel writes
+        prefetch_rows(w8_ptr, rb * TS, lo * TS, hi * TS, PF)
+    enter(PDL)
     for kb in range(lo, hi, BB):
         blk = kb + gb  # [G]
         gmask = blk < hi
@@ -146,6 +150,7 @@ def _gemv_q6k_kernel(
     x_ptr, w8_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr,
 ):
     """q6_K over its decode plane (208-byte blocks ``ql | qh | scales`` + f16 ``d``).
 
@@ -171,6 +176,9 @@ def _gemv_q6k_kernel(
     else:
         acc = tl.zeros([BN, G], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
+    if PDL:  # weights only: nothing an earlier kernel writes
+        prefetch_rows(w8_ptr, rb * 208, lo * 208, hi * 208, PF)
+    enter(PDL)
     for kb in range(lo, hi, BB):
         blk = kb + gb
         gmask = blk < hi
@@ -240,7 +248,8 @@ def _gemv_q6k_kernel(
 
 def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
               bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
-              scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+              scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
+              pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
     """q5_K raw rows ``(N, NB * 176)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``
     (plus ``residual`` ``(M, N)`` when given)."""
     n = raw.shape[0]
@@ -254,13 +263,15 @@ def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
         x, raw, raw.view(torch.int32), b, y, part, cnt,
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split, num_warps=num_warps,
+        **gemv_launch_args(pdl, prefetch),
     )
     return y
 
 
 def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
              bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
-             scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+             scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
+              pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
     """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (plus ``residual``)."""
     n, nb = plane.d.shape
     m = x.shape[0]
@@ -272,6 +283,6 @@ def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
         x, plane.w, plane.w.view(torch.int8), plane.d, b, y, part, cnt,
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
-        num_warps=num_warps,
+        num_warps=num_warps, **gemv_launch_args(pdl, prefetch),
     )
     return y

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
-
 from .gemv_pack import LegacyPlane
+from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .pdl import enter, gemv_launch_args, prefetch_rows
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0: exponent bits the quant field is OR-ed under
 
@@ -35,7 +35,8 @@ def _gemv_legacy_kernel(
     N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     # meta
     QT: tl.constexpr, QB: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+    BN: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+    PF: tl.constexpr,
 ):
     """x (M, K) f32, plane of N rows x NB blocks (QB quant bytes each) -> y (M, N) f32.
     Grid (cdiv(N, BN), M)."""
@@ -50,6 +51,9 @@ def _gemv_legacy_kernel(
     x_row = x_ptr + xm * stride_xm
     acc = tl.zeros([BN, BB], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
+    if PDL:  # weights only: nothing an earlier kernel writes
+        prefetch_rows(qs_ptr, rb * QB, lo * QB, hi * QB, PF)
+    enter(PDL)
     for kb in range(lo, hi, BB):
         blk = kb + g
         bmask = blk < hi
@@ -123,7 +127,8 @@ def _gemv_legacy_kernel(
 
 def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch.Tensor | None,
                 bn: int, bb: int, num_warps: int, split: int = 1,
-                scratch: SplitScratch | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+                scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
+                pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` contiguous rows -> float32 ``(M, N)`` (plus ``residual``)."""
     n, nb = plane.d.shape
     m = x.shape[0]
@@ -138,5 +143,6 @@ def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
         QT=TYPE_IDS[type_name], QB=plane.qs.shape[1] // nb, HAS_BIAS=has_bias,
         EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, SPLIT=split, num_warps=num_warps,
+        **gemv_launch_args(pdl, prefetch),
     )
     return y

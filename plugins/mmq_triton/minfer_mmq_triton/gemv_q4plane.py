@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .gemv_q8dot import _dp4a, quantize_x
 from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .pdl import enter, gemv_launch_args, prefetch_rows
 from .planes import Q4KPlane
 
 
@@ -54,6 +55,7 @@ def _gemv_q4p_kernel(
     x_ptr, qs_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NT, stride_xm, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr,
 ):
     """Float products; ``NT`` spans per row. Grid (cdiv(N, BN), SPLIT, M)."""
     pid = tl.program_id(0)
@@ -67,6 +69,9 @@ def _gemv_q4p_kernel(
     x_row = x_ptr + xm * stride_xm
     acc = tl.zeros([BN, S, 2], dtype=tl.float32)
     lo, hi = split_range(NT, s_id, SPLIT, S)
+    if PDL:  # weights only: nothing an earlier kernel writes
+        prefetch_rows(qs_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
+    enter(PDL)
     for t0 in range(lo, hi, S):
         t = t0 + ts
         tm = t < hi
@@ -95,7 +100,7 @@ def _gemv_q4p_i8_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, S: tl.constexpr,
-    SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
+    SPLIT: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
 ):
     """int8 dot products; ``qw`` is ``qs`` as int32 words (16 per span): word ``8j + w`` of span
     ``t`` holds values ``128t + 32j + 4w + (0..3)`` (low nibbles) and the same ``+ 64`` (high)."""
@@ -112,6 +117,9 @@ def _gemv_q4p_i8_kernel(
     xl_row = xl_ptr + xm * KW
     acc = tl.zeros([BN, S, 2], dtype=tl.float32)
     lo, hi = split_range(NT, s_id, SPLIT, S)
+    if PDL:  # weights only: nothing an earlier kernel writes
+        prefetch_rows(qw_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
+    enter(PDL)
     for t0 in range(lo, hi, S):
         t = t0 + ts
         tm = t < hi
@@ -154,7 +162,7 @@ def _gemv_q4p_i8_kernel(
 
 def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_warps: int, int8: bool,
              split: int, scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-             num_stages: int = 3) -> torch.Tensor:
+             num_stages: int = 3, pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` (``(M, 2K)`` with ``swiglu``) -> float32 ``(M, N)``; ``norm`` and
     ``swiglu`` only with ``int8`` (they are applied where x is quantized)."""
     n, half_k = plane.qs.shape
@@ -165,11 +173,11 @@ def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_wa
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     grid = (scratch.n_blocks, split, m)
     meta = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), BN=bn, S=spans, SPLIT=split,
-                num_warps=num_warps, num_stages=num_stages)
+                num_warps=num_warps, num_stages=num_stages, **gemv_launch_args(pdl, prefetch))
     dm32 = plane.dm.view(torch.int32)
     sc32 = plane.sc.view(plane.sc.shape[0], -1).view(torch.int32)  # (N, K/32, 2) bytes -> (N, K/64) words
     if int8:
-        xh, xl, xs, x16 = quantize_x(x, norm, swiglu)
+        xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
         _gemv_q4p_i8_kernel[grid](xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
                                   n, nt, y.stride(0), sbm, scratch.n_blocks, USE_ASM=x.is_cuda, **meta)
     else:

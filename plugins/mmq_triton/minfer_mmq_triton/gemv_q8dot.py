@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .pdl import enter, gemv_launch_args, launch_args, prefetch_rows
 
 QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
 
@@ -41,13 +42,14 @@ def _dp4a(a, b, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps,
-                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr):
+                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr):
     """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums.
 
     PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
     sums the squares of the whole row, RB values at a time); 2 SwiGLU of a (M, 2K) row
     ``[g | u]``: ``silu(g) * u``.
     """
+    enter(PDL)
     m = tl.program_id(0)
     b = tl.program_id(1) * QB + tl.arange(0, QB)
     bmask = b < K // 32
@@ -85,7 +87,7 @@ def _gemv_q6k_i8_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
-    SPLIT: tl.constexpr, USE_ASM: tl.constexpr,
+    SPLIT: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
 ):
     """q6_K decode plane as int32 words (52 per block: ql 0..31, qh 32..47, scales 48..51).
 
@@ -109,6 +111,9 @@ def _gemv_q6k_i8_kernel(
     xl_row = xl_ptr + xm * KW
     acc = tl.zeros([BN, G, 2], dtype=tl.float32)
     lo_b, hi_b = split_range(NB, s_id, SPLIT, BB)
+    if PDL:  # weights only: nothing an earlier kernel writes
+        prefetch_rows(w32_ptr, rb * 208, lo_b * 208, hi_b * 208, PF)
+    enter(PDL)
     for kb in range(lo_b, hi_b, BB):
         blk = kb + gb
         g1 = blk < hi_b
@@ -142,7 +147,8 @@ def _gemv_q6k_i8_kernel(
                HAS_BIAS, SPLIT)
 
 
-def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False) -> tuple[torch.Tensor, ...]:
+def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
+               pdl: bool = False) -> tuple[torch.Tensor, ...]:
     """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums).
 
     ``norm=(w, eps)``: quantize ``rmsnorm(x) * w`` instead; ``swiglu``: x is ``(M, 2K)`` ``[g | u]``
@@ -157,17 +163,19 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False)
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
     _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps),
-                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, num_warps=4)
+                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, num_warps=4,
+                                                            **launch_args(pdl))
     return xh.view(torch.int32), xl.view(torch.int32), xs, x16
 
 
 def gemv_i8(x: torch.Tensor, data, bias: torch.Tensor | None, bn: int, bb: int,
             num_warps: int, split: int, scratch: SplitScratch, residual: torch.Tensor | None = None,
-            norm: tuple | None = None, swiglu: bool = False, num_stages: int = 3) -> torch.Tensor:
+            norm: tuple | None = None, swiglu: bool = False, num_stages: int = 3,
+            pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
     """A q6_K decode plane; x float32 ``(M, K)`` -> ``(M, N)`` (q4_K: ``gemv_q4plane``).
 
     ``norm``/``swiglu``: see :func:`quantize_x`; ``residual`` ``(M, N)`` is added to the result."""
-    xh, xl, xs, x16 = quantize_x(x, norm, swiglu)
+    xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
     m = x.shape[0]
     n, nb = data.d.shape
     w32 = data.w.view(torch.int32)
@@ -175,7 +183,8 @@ def gemv_i8(x: torch.Tensor, data, bias: torch.Tensor | None, bn: int, bb: int,
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     meta = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, SPLIT=split,
-                USE_ASM=x.is_cuda, num_warps=num_warps, num_stages=num_stages)
+                USE_ASM=x.is_cuda, num_warps=num_warps, num_stages=num_stages,
+                **gemv_launch_args(pdl, prefetch))
     grid = (scratch.n_blocks, split, m)
     _gemv_q6k_i8_kernel[grid](xh, xl, xs, x16, w32, data.w.view(torch.int8), data.d, b, y, part, cnt,
                               n, nb, y.stride(0), sbm, scratch.n_blocks, **meta)

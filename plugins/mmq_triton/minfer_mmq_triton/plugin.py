@@ -74,7 +74,7 @@ def minfer_producer_candidates(kind, ctx):
     if kind.startswith("decode_"):  # single-token ops: no gate reads them
         from .decode_fused import decode_op_candidates
 
-        return decode_op_candidates(kind)
+        return decode_op_candidates(kind, ctx)
     if kind == "prefill_rope_kv":  # not a quantized-matmul feature: no gate reads it either
         from .decode_fused import prefill_op_candidates
 

@@ -112,3 +112,23 @@ def test_decode_and_attention_delegation(make_ctx):
         assert plugin.minfer_matmul_candidates(weight=_w(QT.Q4_K), phase="decode", ctx=ctx) is None
     if importlib.util.find_spec("minfer_mmq_triton.attention") is None:
         assert plugin.minfer_attention_candidates(phase="decode", ctx=ctx) is None
+
+
+def test_pdl_only_on_hopper_and_not_when_switched_off(monkeypatch):
+    """Programmatic dependent launch needs compute capability 9.0; MINFER_PDL=0 turns it off."""
+    from minfer_core.weights import LoadContext
+    from minfer_mmq_triton import pdl
+
+    monkeypatch.delenv("MINFER_PDL", raising=False)
+    hopper = LoadContext(torch.device("cuda"), (9, 0), {})
+    assert pdl.enabled(hopper)
+    assert not pdl.enabled(LoadContext(torch.device("cuda"), (8, 0), {}))
+    assert not pdl.enabled(LoadContext(torch.device("cpu"), None, {}))
+    assert not pdl.enabled(None)
+    monkeypatch.setenv("MINFER_PDL", "0")
+    assert not pdl.enabled(hopper)
+    # launch keywords: the attribute only with PDL; a GEMV prefetches nothing without it
+    assert pdl.launch_args(False) == {"PDL": False}
+    assert pdl.gemv_launch_args(False, 8) == {"PDL": False, "PF": 0}
+    assert pdl.gemv_launch_args(True, 8) == {"PDL": True, "launch_pdl": True, "PF": 8}
+    assert pdl.prefetch_lines(896, 896) > 0 and pdl.prefetch_lines(37888, 3584) == 0

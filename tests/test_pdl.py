@@ -1,0 +1,46 @@
+"""Programmatic dependent launch changes when a decode kernel starts, never what it computes: with
+``MINFER_PDL=0`` and without it, every decode step's logits are bit-for-bit the same, with the step
+replayed as a CUDA graph and run eagerly. A kernel that read its predecessor's output before
+``griddepcontrol.wait`` would race and, sooner or later, differ."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minfer_core.configs import applied, parse_config
+from minfer_core.engine import Engine
+from test_kernels_e2e import tiny_model
+
+pytestmark = pytest.mark.cuda
+N_STEPS = 48
+
+
+def _stream(path, spec: str) -> tuple[list[torch.Tensor], Engine]:
+    cfg = parse_config(spec)
+    with applied(cfg):
+        e = Engine.load(path, device="cuda", n_ctx=N_STEPS + 32, progress=False, blocked=cfg.blocked)
+    e.reset()
+    logits = e.prefill(list(range(40, 48)))[-1]  # under 16 tokens: the decode kernels only
+    out = []
+    for _ in range(N_STEPS):
+        logits = e.decode(int(torch.argmax(logits)))
+        out.append(logits.clone())
+    return out, e
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="PDL needs compute capability 9.0")
+@pytest.mark.parametrize("mix", ["plane_only", "mixed"])
+@pytest.mark.parametrize("graphs", [True, False])
+def test_pdl_leaves_logits_bitwise_equal(tmp_path, mix, graphs):
+    path = tiny_model(tmp_path, mix)
+    extra = "" if graphs else ",plugin=no:cuda_graphs"
+    on, e_on = _stream(path, "MINFER_PDL=1" + extra)
+    off, e_off = _stream(path, "MINFER_PDL=0" + extra)
+    for e in (e_on, e_off):  # the step really is (or is not) a replayed graph
+        assert (e.plan.decode_step is not None) == graphs
+        if graphs:
+            assert e.step.fn.graphs and not e.step.fn.failed, e.step.fn.failed
+    for i, (a, b) in enumerate(zip(on, off)):
+        assert torch.equal(a, b), f"step {i}: max |diff| {float((a - b).abs().max())}"
