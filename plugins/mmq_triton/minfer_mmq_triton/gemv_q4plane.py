@@ -12,6 +12,9 @@ Two kernels, as for the raw types (``gemv_kquant``, ``gemv_q8dot``): float produ
 matrices, and int8 dot products (``dp4a``) over the two-digit int8 copy of x for large ones
 (x quantized by ``gemv_q8dot.quantize_x``, which can also apply RMSNorm or SwiGLU first). A step
 covers ``S`` spans of ``BN`` rows; split-K and the store (bias or residual) as in ``gemv_split``.
+Each step requests its scale words together with its quant bytes, so a step waits for memory once
+(7B tg128 368.6 -> 376.8 tok/s on the H200 against loading the scales after the dot products,
+``benchmarks/results/run16-q4-steps.md``).
 """
 
 from __future__ import annotations
@@ -27,18 +30,25 @@ from .planes import Q4KPlane
 
 
 @triton.jit
-def _scales(sc_ptr, dm_ptr, rb_sc, rb_dm, t, j, EVEN: tl.constexpr, m2):
-    """``(d sc, dmin m)`` of the low (sub-block 4t + j) and high (4t + 2 + j) halves, [BN, S, 2].
+def _scale_words(sc_ptr, dm_ptr, rb_sc, rb_dm, t, m2):
+    """The 32-bit words holding spans ``t``'s scales, [BN, S] each: ``sc`` of the low and high
+    halves and ``d | dmin`` (masked by ``m2``, or unmasked when it is None).
 
     ``sc_ptr`` is the row's ``sc`` bytes as int32 words: word ``2t`` holds ``sc, m`` of
     sub-blocks ``4t`` and ``4t + 1`` (bytes 0-1, 2-3), word ``2t + 1`` those of ``4t + 2``, ``4t + 3``.
     """
     p = sc_ptr + rb_sc[:, None] + (t * 2)[None, :]
     dw = dm_ptr + rb_dm[:, None] + (t // 2)[None, :]
-    if EVEN:
+    if m2 is None:
         w_lo, w_hi, w = tl.load(p), tl.load(p + 1), tl.load(dw)
     else:
         w_lo, w_hi, w = tl.load(p, mask=m2, other=0), tl.load(p + 1, mask=m2, other=0), tl.load(dw, mask=m2, other=0)
+    return w_lo, w_hi, w
+
+
+@triton.jit
+def _scale_values(w_lo, w_hi, w, j):
+    """``(d sc, dmin m)`` of the low (sub-block 4t + j) and high (4t + 2 + j) halves, [BN, S, 2]."""
     d = ((w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))[:, :, None]
     dmin = (((w >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))[:, :, None]
     sh = (j * 16)[None, None, :]
@@ -48,6 +58,21 @@ def _scales(sc_ptr, dm_ptr, rb_sc, rb_dm, t, j, EVEN: tl.constexpr, m2):
     m_hi = (w_hi[:, :, None] >> (sh + 8)) & 0xFF
     return (d * s_lo.to(tl.float32), dmin * m_lo.to(tl.float32),
             d * s_hi.to(tl.float32), dmin * m_hi.to(tl.float32))
+
+
+@triton.jit
+def _q4_step(qw_ptr, sc_ptr, dm_ptr, r, NT, t, j, w, tm):
+    """One step's weight data: quant words [BN, S, 2, 8] and scale words (masked by ``tm`` [S]
+    unless it is None)."""
+    qp = qw_ptr + (r * (NT * 16))[:, None, None, None] + (t * 16)[None, :, None, None] \
+        + (j * 8)[None, None, :, None] + w[None, None, None, :]
+    if tm is None:  # a whole step
+        q = tl.load(qp)
+        w_lo, w_hi, wd = _scale_words(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, None)
+    else:
+        q = tl.load(qp, mask=tm[None, :, None, None], other=0)
+        w_lo, w_hi, wd = _scale_words(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, tm[None, :])
+    return q, w_lo, w_hi, wd
 
 
 @triton.jit
@@ -80,15 +105,17 @@ def _gemv_q4p_kernel(
         xo = (t * 128)[:, None, None] + (j * 32)[None, :, None] + l[None, None, :]
         if EVEN:
             b = tl.load(qp).to(tl.int32)
+            w_lo, w_hi, wd = _scale_words(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, None)
             x_lo = tl.load(x_row + xo)
             x_hi = tl.load(x_row + xo + 64)
         else:
             b = tl.load(qp, mask=tm[None, :, None, None], other=0).to(tl.int32)
+            w_lo, w_hi, wd = _scale_words(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, tm[None, :])
             x_lo = tl.load(x_row + xo, mask=tm[:, None, None], other=0.0)
             x_hi = tl.load(x_row + xo + 64, mask=tm[:, None, None], other=0.0)
         s_lo = tl.sum((b & 0xF).to(tl.float32) * x_lo[None], axis=3)  # [BN, S, 2]
         s_hi = tl.sum((b >> 4).to(tl.float32) * x_hi[None], axis=3)
-        a_lo, c_lo, a_hi, c_hi = _scales(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, j, EVEN, tm[None, :])
+        a_lo, c_lo, a_hi, c_hi = _scale_values(w_lo, w_hi, wd, j)
         acc += a_lo * s_lo - c_lo * tl.sum(x_lo, axis=2)[None] + a_hi * s_hi - c_hi * tl.sum(x_hi, axis=2)[None]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
@@ -123,12 +150,13 @@ def _gemv_q4p_i8_kernel(
     for t0 in range(lo, hi, S):
         t = t0 + ts
         tm = t < hi
-        qp = qw_ptr + (r * (NT * 16))[:, None, None, None] + (t * 16)[None, :, None, None] \
-            + (j * 8)[None, None, :, None] + w[None, None, None, :]
+        if EVEN:
+            q, w_lo, w_hi, wd = _q4_step(qw_ptr, sc_ptr, dm_ptr, r, NT, t, j, w, None)
+        else:
+            q, w_lo, w_hi, wd = _q4_step(qw_ptr, sc_ptr, dm_ptr, r, NT, t, j, w, tm)
         xo = (t * 32)[:, None, None] + (j * 8)[None, :, None] + w[None, None, :]  # low half's x words
         sb = xm * (NT * 4) + (t * 4)[:, None] + j[None, :]  # x block of the low half (high: + 2)
         if EVEN:
-            q = tl.load(qp)
             xh_lo, xh_hi = tl.load(xh_row + xo), tl.load(xh_row + xo + 16)
             xl_lo, xl_hi = tl.load(xl_row + xo), tl.load(xl_row + xo + 16)
             xs_lo, xs_hi = tl.load(xs_ptr + sb), tl.load(xs_ptr + sb + 2)
@@ -137,7 +165,6 @@ def _gemv_q4p_i8_kernel(
         else:
             m3 = tm[:, None, None]
             m2 = tm[:, None]
-            q = tl.load(qp, mask=tm[None, :, None, None], other=0)
             xh_lo = tl.load(xh_row + xo, mask=m3, other=0)
             xh_hi = tl.load(xh_row + xo + 16, mask=m3, other=0)
             xl_lo = tl.load(xl_row + xo, mask=m3, other=0)
@@ -152,7 +179,7 @@ def _gemv_q4p_i8_kernel(
         il_lo = tl.sum(_dp4a(qlo, xl_lo[None], USE_ASM), axis=3).to(tl.float32)
         ih_hi = tl.sum(_dp4a(qhi, xh_hi[None], USE_ASM), axis=3).to(tl.float32)
         il_hi = tl.sum(_dp4a(qhi, xl_hi[None], USE_ASM), axis=3).to(tl.float32)
-        a_lo, c_lo, a_hi, c_hi = _scales(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, j, EVEN, tm[None, :])
+        a_lo, c_lo, a_hi, c_hi = _scale_values(w_lo, w_hi, wd, j)
         acc += a_lo * ((ih_lo + il_lo * (1.0 / 256.0)) * xs_lo[None]) - c_lo * xa_lo[None]
         acc += a_hi * ((ih_hi + il_hi * (1.0 / 256.0)) * xs_hi[None]) - c_hi * xa_hi[None]
     y = tl.sum(tl.sum(acc, axis=2), axis=1)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Seventeenth GPU call (final of this session): the decode changes (PDL, scale words loaded with
+# the quant words) checked and measured. GPU tests of the decode path, tg128/pp512 of both models
+# under the default, MINFER_MMQ=0, graphs off and PDL off (memory after load and peak), parity.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
+minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
+minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
+wait
+timeout 170 python3 -m pytest -q -p no:cacheprovider -m "cuda or not cuda" tests/test_pdl.py tests/test_decode_neutrality.py \
+  tests/test_kernels_e2e.py plugins/mmq_triton/tests/test_decode_gemv.py plugins/mmq_triton/tests/test_decode_fused.py \
+  plugins/mmq_triton/tests/test_decode_attention.py plugins/cuda_graphs/tests 2>&1 | tail -4 | tee "$OUT/gpu-tests.log"
+CFGS="--config default --config MINFER_MMQ=0 --config plugin=no:cuda_graphs --config MINFER_PDL=0"
+timeout 150 minfer bench -m /tmp/7b.gguf -p 512 -n 128 -r 3 --memory $CFGS 2>"$OUT/bench7b.err" | tee "$OUT/bench7b.md"
+timeout 60 minfer bench -m /tmp/05b.gguf -p 512 -n 128 -r 3 --memory $CFGS 2>"$OUT/bench05b.err" | tee "$OUT/bench05b.md"
+timeout 60 minfer parity -m /tmp/7b.gguf -p "The quick brown fox" -n 128 2>"$OUT/parity.err" | head -2 | tee "$OUT/parity-allon.txt"
+timeout 60 minfer parity -m /tmp/7b.gguf -p "$(python3 -c "print('The history of computing is long. ' * 12)")" -n 16 \
+  --config default --config backend=reference 2>>"$OUT/parity.err" | head -3 | tee "$OUT/parity-ref.txt"
