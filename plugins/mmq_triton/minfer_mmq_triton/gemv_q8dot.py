@@ -124,12 +124,6 @@ def _gemv_q6k_i8_kernel(
         ql1 = tl.load(w32_ptr + wb + (h * 16 + 8)[None, :, None, None], mask=gm[:, :, :, None], other=0)
         qh = tl.load(w32_ptr + wb + (32 + h * 8)[None, :, None, None], mask=gm[:, :, :, None], other=0)
         d = tl.load(d_ptr + rb[:, None, None] + blk[None, :, None], mask=gm, other=0.0).to(tl.float32)
-        # the step's 16 scales (quarter k, run s) with its quant words: one wait for memory per step
-        scp = sc_ptr + (rb * 208)[:, None, None] + (blk * 208 + 192 + h * 8)[None, :, None] + sr[None, None, :]
-        sc0 = tl.load(scp, mask=gm, other=0).to(tl.float32)
-        sc1 = tl.load(scp + 2, mask=gm, other=0).to(tl.float32)
-        sc2 = tl.load(scp + 4, mask=gm, other=0).to(tl.float32)
-        sc3 = tl.load(scp + 6, mask=gm, other=0).to(tl.float32)
         for k in tl.static_range(4):
             if k % 2 == 0:
                 ql = ql0
@@ -145,14 +139,8 @@ def _gemv_q6k_i8_kernel(
             sb = xm * (NB * 8) + blk * 8 + h * 4 + k  # the 32-value x block
             xs = tl.load(xs_ptr + sb, mask=g1, other=0.0)[None, :, None]
             x16 = tl.load(x16_ptr + (2 * sb)[:, None] + sr[None, :], mask=g1[:, None], other=0.0)[None]
-            if k == 0:
-                sc = sc0
-            elif k == 1:
-                sc = sc1
-            elif k == 2:
-                sc = sc2
-            else:
-                sc = sc3
+            sc = tl.load(sc_ptr + (rb * 208)[:, None, None] + (blk * 208 + 192 + h * 8 + 2 * k)[None, :, None]
+                         + sr[None, None, :], mask=gm, other=0).to(tl.float32)
             acc += (d * sc) * ((ih + il * (1.0 / 256.0)) * xs - 32.0 * x16)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
