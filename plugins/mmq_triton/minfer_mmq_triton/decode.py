@@ -22,6 +22,10 @@ weights fed by an RMSNorm (qkv, gate|up, output head), whose norm the quantizer 
 Fused pieces (``Candidate.fuses``, keyword arguments of ``fn``): every GEMV of a weight without a
 bias adds ``residual=`` in its epilogue; the int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of
 x) and ``swiglu=True`` (x is ``[g | u]``), done by the kernel that quantizes x.
+
+On compute capability 9.0+ the kernels launch with programmatic dependent launch (``pdl``), decided
+once per load from the load context (``MINFER_PDL=0`` turns it off); it changes when a kernel starts,
+never what it computes.
 """
 
 from __future__ import annotations

@@ -271,7 +271,7 @@ def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
 def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
              bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
              scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
-              pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
+             pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
     """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (plus ``residual``)."""
     n, nb = plane.d.shape
     m = x.shape[0]

@@ -3,8 +3,8 @@
 A decode step is a chain of ~10 short kernels per layer (2-40 us each); without PDL each one is
 launched only after its predecessor has finished, then waits once more for the first bytes of its
 weights. With PDL (``launch_pdl=True``) a kernel's programs may start while the previous kernel
-still runs: they ask L2 for the first lines of their weight rows (read-only data no kernel of the
-step writes), wait at ``griddepcontrol.wait`` until the previous kernel has finished and its writes
+still runs: GEMVs over small weights ask L2 for the first lines of their rows (read-only data no
+kernel of the step writes), every kernel then waits at ``griddepcontrol.wait`` until the previous kernel has finished and its writes
 are visible, and then let the next kernel launch (``griddepcontrol.launch_dependents``).
 
 Rules every kernel launched this way keeps, so the chain stays ordered as without PDL:
