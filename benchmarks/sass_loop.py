@@ -1,0 +1,80 @@
+"""Inner-loop size of the int8 decode GEMVs, compiled for sm_90 on any machine (no GPU needed).
+
+    python benchmarks/sass_loop.py [--n 37888 --nt 28] [--configs 8,4,4 16,2,2 ...]
+
+For each ``BN,S,num_warps`` (q4_K plane kernel; S = 128-value spans per step) prints the instructions
+in the main loop's body, its global loads and dp4a instructions, registers per thread, and
+instructions per weight byte per thread. The kernel is specialized the way Triton specializes it at
+a launch (pointers and sizes divisible by 16 marked so), with ptxas and cuobjdump from the triton wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import subprocess
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from minfer_mmq_triton import gemv_q4plane
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+INT_PTRS = {"qw_ptr", "sc_ptr", "dm_ptr", "xh_ptr", "xl_ptr", "cnt_ptr"}
+
+
+def compile_sass(fn, consts: dict, sizes: dict, warps: int) -> tuple[str, int]:
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {}
+    for n in names:
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*i32" if n in INT_PTRS else "*fp32"
+        else:
+            sig[n] = "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or sizes.get(n, 1) % 16 == 0}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=3))
+    cubin = Path("/tmp/minfer_sass_loop.cubin")
+    cubin.write_bytes(c.asm["cubin"])
+    sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    res = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    return sass, int(re.search(r"REG:(\d+)", res).group(1))
+
+
+def loop_body(sass: str) -> list[str]:
+    """The instructions between the first backward branch's target and the branch."""
+    lines = [(int(m.group(1), 16), line) for line in sass.splitlines()
+             if (m := re.search(r"/\*([0-9a-f]{4})\*/", line))]
+    for addr, line in lines:
+        m = re.search(r"BRA 0x([0-9a-f]+)", line)
+        if m and int(m.group(1), 16) < addr:
+            start = int(m.group(1), 16)
+            return [ln for a, ln in lines if start <= a <= addr]
+    return []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=37888, help="rows (default: the 7B's gate|up)")
+    ap.add_argument("--nt", type=int, default=28, help="128-value spans per row (K / 128)")
+    ap.add_argument("--configs", nargs="+", default=["8,4,4", "16,2,2", "16,4,4", "32,4,4"])
+    args = ap.parse_args()
+    sizes = dict(N=args.n, NT=args.nt, stride_ym=args.n, stride_bm=args.n)
+    for cfg in args.configs:
+        bn, s, warps = (int(v) for v in cfg.split(","))
+        consts = dict(HAS_BIAS=True, EVEN=True, BN=bn, S=s, SPLIT=1, USE_ASM=True, PDL=False, PF=0)
+        sass, regs = compile_sass(gemv_q4plane._gemv_q4p_i8_kernel, consts, sizes, warps)
+        body = loop_body(sass)
+        words = bn * s * 16 / (warps * 32)  # 32-bit weight words per thread per step
+        print(f"q4_K int8 BN={bn} S={s} warps={warps}: {len(body)} instructions per step, "
+              f"{sum('LDG' in x for x in body)} LDG, {sum('IDP' in x for x in body)} dp4a, {regs} registers, "
+              f"{len(body) / (4 * words):.2f} instructions per weight byte")
+
+
+if __name__ == "__main__":
+    main()
