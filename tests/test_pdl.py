@@ -38,6 +38,7 @@ def test_pdl_leaves_logits_bitwise_equal(tmp_path, mix, graphs):
     extra = "" if graphs else ",plugin=no:cuda_graphs"
     on, e_on = _stream(path, "MINFER_PDL=1" + extra)
     off, e_off = _stream(path, "MINFER_PDL=0" + extra)
+    assert e_on.plan.attention["decode"].fn.pdl and not e_off.plan.attention["decode"].fn.pdl  # the switch took
     for e in (e_on, e_off):  # the step really is (or is not) a replayed graph
         assert (e.plan.decode_step is not None) == graphs
         if graphs:
