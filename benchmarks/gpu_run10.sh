@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Tenth GPU call: the prefill RoPE + KV kernel. Every cuda test, the model tests on the GPU, parity
 # of the default with the reference, and the default bench of both models.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider -k "not test_real" 2>&1 | tail -4 | tee "$OUT/gpu-tests.log"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m "not cuda" tests/test_decode_neutrality.py tests/test_kernels_e2e.py \
   tests/test_prefill_step.py plugins/mmq_triton/tests/test_decode_fused.py 2>&1 | tail -4 | tee "$OUT/gpu-model-tests.log"

@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Twelfth GPU call: programmatic dependent launch (PDL) in the decode kernels. Bitwise test of
 # PDL on vs off, the decode kernel tests, then tg128 of both models with PDL on and off.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 timeout 120 python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_pdl.py plugins/mmq_triton/tests/test_decode_gemv.py \
   plugins/mmq_triton/tests/test_decode_attention.py plugins/mmq_triton/tests/test_decode_fused.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"
 for m in 05b 7b; do

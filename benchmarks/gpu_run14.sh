@@ -2,14 +2,7 @@
 # Fourteenth GPU call: PDL prefetch settings (lines per row; only the first ~8 programs per SM).
 # (MINFER_PDL_PF / MINFER_PDL_PFB / MINFER_PDL_TRIG / MINFER_PDL_MAXP were temporary knobs of this experiment,
 # removed after it: pdl.PREFETCH_LINES / PREFETCH_MAX_VALUES hold the chosen setting.)
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 for m in 7b 05b; do
   for v in "0 0" "2 0" "2 1056" "4 1056" "8 1056" "16 1056"; do
     set -- $v

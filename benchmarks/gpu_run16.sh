@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Sixteenth GPU call: the q4_K int8 GEMV loading each step's weights one step ahead (MINFER_AHEAD)
 # and/or prefetching to L2 DIST steps ahead (MINFER_DIST); temporary knobs of this experiment.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 TRITON_INTERPRET=0 timeout 100 python3 -m pytest -m cuda -q -p no:cacheprovider plugins/mmq_triton/tests/test_decode_gemv.py 2>&1 | tail -2
 for v in "0 0" "1 0" "0 2" "0 4" "1 2" "1 4"; do
   set -- $v

@@ -2,14 +2,7 @@
 # Seventeenth GPU call (final of this session): the decode changes (PDL, scale words loaded with
 # the quant words) checked and measured. GPU tests of the decode path, tg128/pp512 of both models
 # under the default, MINFER_MMQ=0, graphs off and PDL off (memory after load and peak), parity.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 timeout 170 python3 -m pytest -q -p no:cacheprovider -m "cuda or not cuda" tests/test_pdl.py tests/test_decode_neutrality.py \
   tests/test_kernels_e2e.py plugins/mmq_triton/tests/test_decode_gemv.py plugins/mmq_triton/tests/test_decode_fused.py \
   plugins/mmq_triton/tests/test_decode_attention.py plugins/cuda_graphs/tests 2>&1 | tail -4 | tee "$OUT/gpu-tests.log"

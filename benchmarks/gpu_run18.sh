@@ -2,14 +2,7 @@
 # Eighteenth GPU call: which of run 17's two kernel edits cost speed (temporary knobs: MINFER_Q6HOIST,
 # the q6_K int8 GEMV loading a step's scales up front; MINFER_Q4FSC, the float q4_K GEMV loading scale
 # words with its quant bytes), and the GPU tests of the decode path with their full summary.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 for m in 7b 05b; do
   for v in "1 1" "0 1" "1 0" "0 0"; do
     set -- $v

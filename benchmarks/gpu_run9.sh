@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Ninth GPU call (final, part 2): the 0.5B bench, parity on the 7B (gates, reference at three prompt
 # lengths), and the decode kernel table of the 7B.
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs 2>&1 | grep -v -i warn
-minfer synth models/qwen2-7b-q4_k_m.layout.gguf.xz /tmp/7b.gguf 2>&1 | tail -1 &
-minfer synth models/qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz /tmp/05b.gguf 2>&1 | tail -1
-wait
+source benchmarks/gpu_setup.sh
 timeout 100 minfer bench -m /tmp/05b.gguf -p 512,3314 -n 128 -r 5 --memory --config default --config MINFER_MMQ=0 \
   --config plugin=no:cuda_graphs 2>"$OUT/bench05b.err" | tee "$OUT/bench05b.md"
 G="MINFER_MMQ MINFER_MMQ_RAW MINFER_MMQ_RAW_NB MINFER_MMQ_A_TRANSPOSE MINFER_MMQ_Q6K_NB MINFER_MMQ_A_FUSE"

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .gemv_pack import Q6KDecodePlane
 from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
-from .pdl import enter, gemv_launch_args, prefetch_rows
+from .pdl import enter_gemv, gemv_launch_args
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0
 TS = tl.constexpr(176)  # q5_K block bytes
@@ -80,9 +80,7 @@ def _gemv_q5k_kernel(
     else:
         acc = tl.zeros([BN, G], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
-    if PDL:  # weights only: nothing an earlier kernel writes
-        prefetch_rows(w8_ptr, rb * TS, lo * TS, hi * TS, PF)
-    enter(PDL)
+    enter_gemv(PDL, w8_ptr, rb * TS, lo * TS, hi * TS, PF)
     for kb in range(lo, hi, BB):
         blk = kb + gb  # [G]
         gmask = blk < hi
@@ -176,9 +174,7 @@ def _gemv_q6k_kernel(
     else:
         acc = tl.zeros([BN, G], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
-    if PDL:  # weights only: nothing an earlier kernel writes
-        prefetch_rows(w8_ptr, rb * 208, lo * 208, hi * 208, PF)
-    enter(PDL)
+    enter_gemv(PDL, w8_ptr, rb * 208, lo * 208, hi * 208, PF)
     for kb in range(lo, hi, BB):
         blk = kb + gb
         gmask = blk < hi

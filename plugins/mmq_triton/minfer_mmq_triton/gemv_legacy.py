@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .gemv_pack import LegacyPlane
 from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
-from .pdl import enter, gemv_launch_args, prefetch_rows
+from .pdl import enter_gemv, gemv_launch_args
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0: exponent bits the quant field is OR-ed under
 
@@ -51,9 +51,7 @@ def _gemv_legacy_kernel(
     x_row = x_ptr + xm * stride_xm
     acc = tl.zeros([BN, BB], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
-    if PDL:  # weights only: nothing an earlier kernel writes
-        prefetch_rows(qs_ptr, rb * QB, lo * QB, hi * QB, PF)
-    enter(PDL)
+    enter_gemv(PDL, qs_ptr, rb * QB, lo * QB, hi * QB, PF)
     for kb in range(lo, hi, BB):
         blk = kb + g
         bmask = blk < hi

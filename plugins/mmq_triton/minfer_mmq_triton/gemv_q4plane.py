@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .gemv_q8dot import _dp4a, quantize_x
 from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
-from .pdl import enter, gemv_launch_args, prefetch_rows
+from .pdl import enter_gemv, gemv_launch_args
 from .planes import Q4KPlane
 
 
@@ -94,9 +94,7 @@ def _gemv_q4p_kernel(
     x_row = x_ptr + xm * stride_xm
     acc = tl.zeros([BN, S, 2], dtype=tl.float32)
     lo, hi = split_range(NT, s_id, SPLIT, S)
-    if PDL:  # weights only: nothing an earlier kernel writes
-        prefetch_rows(qs_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
-    enter(PDL)
+    enter_gemv(PDL, qs_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
     for t0 in range(lo, hi, S):
         t = t0 + ts
         tm = t < hi
@@ -144,9 +142,7 @@ def _gemv_q4p_i8_kernel(
     xl_row = xl_ptr + xm * KW
     acc = tl.zeros([BN, S, 2], dtype=tl.float32)
     lo, hi = split_range(NT, s_id, SPLIT, S)
-    if PDL:  # weights only: nothing an earlier kernel writes
-        prefetch_rows(qw_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
-    enter(PDL)
+    enter_gemv(PDL, qw_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
     for t0 in range(lo, hi, S):
         t = t0 + ts
         tm = t < hi

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
-from .pdl import enter, gemv_launch_args, launch_args, prefetch_rows
+from .pdl import enter, enter_gemv, gemv_launch_args, launch_args
 
 QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
 
@@ -111,9 +111,7 @@ def _gemv_q6k_i8_kernel(
     xl_row = xl_ptr + xm * KW
     acc = tl.zeros([BN, G, 2], dtype=tl.float32)
     lo_b, hi_b = split_range(NB, s_id, SPLIT, BB)
-    if PDL:  # weights only: nothing an earlier kernel writes
-        prefetch_rows(w32_ptr, rb * 208, lo_b * 208, hi_b * 208, PF)
-    enter(PDL)
+    enter_gemv(PDL, w32_ptr, rb * 208, lo_b * 208, hi_b * 208, PF)
     for kb in range(lo_b, hi_b, BB):
         blk = kb + gb
         g1 = blk < hi_b

@@ -64,7 +64,7 @@ def _prefetch_l2(p):
 
 
 @triton.jit
-def prefetch_rows(base, row_off, lo, hi, LINES: tl.constexpr):
+def _prefetch_rows(base, row_off, lo, hi, LINES: tl.constexpr):
     """Ask L2 for bytes ``[lo, hi)`` (at most LINES 128-byte lines from ``lo``) of each row;
     ``row_off`` [R] int64 byte offsets of the rows from ``base``. Addresses stay inside the rows."""
     if LINES > 0:
@@ -79,3 +79,13 @@ def enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def enter_gemv(PDL: tl.constexpr, w_ptr, row_off, lo, hi, LINES: tl.constexpr):
+    """:func:`enter` for a GEMV program: first ask L2 for up to LINES lines of bytes ``[lo, hi)`` of
+    each of its weight rows (``row_off`` byte offsets from ``w_ptr``; weights: nothing an earlier
+    kernel writes)."""
+    if PDL:
+        _prefetch_rows(w_ptr, row_off, lo, hi, LINES)
+    enter(PDL)
