@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .gemv_pack import Q6KDecodePlane
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter_gemv, gemv_launch_args
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0
@@ -64,12 +64,8 @@ def _gemv_q5k_kernel(
     DEQ: dequantize each value with one FMA into a [BN, G, 32] accumulator (no per-step sums)
     instead of scaling per-group sums. Grid (cdiv(N, BN), M)."""
     G: tl.constexpr = 4 * BB
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)  # split of the row (see gemv_split)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    rows_c = tl.minimum(rows, N - 1)
-    rb = rows_c.to(tl.int64) * NB  # first block of each row
+    pid, s_id, xm, rows, r = program_rows(N, BN)
+    rb = r * NB  # first block of each row
     g = tl.arange(0, G)
     c = g % 4  # 64-value chunk within the block
     gb = g // 4  # block within the step
@@ -157,12 +153,8 @@ def _gemv_q6k_kernel(
     (k = 0..3) with scale ``scales[8h + 2k + s]``. DEQ as in ``_gemv_q5k_kernel``.
     """
     G: tl.constexpr = 4 * BB
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)  # split of the row (see gemv_split)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    rows_c = tl.minimum(rows, N - 1)
-    rb = rows_c.to(tl.int64) * NB
+    pid, s_id, xm, rows, r = program_rows(N, BN)
+    rb = r * NB
     g = tl.arange(0, G)
     gb = g // 4
     h = (g // 2) % 2

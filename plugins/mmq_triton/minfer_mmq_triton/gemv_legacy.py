@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .gemv_pack import LegacyPlane
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter_gemv, gemv_launch_args
 
 ONE = tl.constexpr(0x3F800000)  # float32 1.0: exponent bits the quant field is OR-ed under
@@ -40,12 +40,8 @@ def _gemv_legacy_kernel(
 ):
     """x (M, K) f32, plane of N rows x NB blocks (QB quant bytes each) -> y (M, N) f32.
     Grid (cdiv(N, BN), M)."""
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)  # split of the row (see gemv_split)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    rows_c = tl.minimum(rows, N - 1)  # out-of-range rows re-read the last row; never stored
-    rb = rows_c.to(tl.int64) * NB  # first block of each row
+    pid, s_id, xm, rows, r = program_rows(N, BN)
+    rb = r * NB  # first block of each row
     g = tl.arange(0, BB)
     i = tl.arange(0, QB)
     x_row = x_ptr + xm * stride_xm

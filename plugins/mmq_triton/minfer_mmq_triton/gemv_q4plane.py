@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .gemv_q8dot import _dp4a, quantize_x
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter_gemv, gemv_launch_args
 from .planes import Q4KPlane
 
@@ -83,11 +83,7 @@ def _gemv_q4p_kernel(
     PDL: tl.constexpr, PF: tl.constexpr,
 ):
     """Float products; ``NT`` spans per row. Grid (cdiv(N, BN), SPLIT, M)."""
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    r = tl.minimum(rows, N - 1).to(tl.int64)
+    pid, s_id, xm, rows, r = program_rows(N, BN)
     ts = tl.arange(0, S)
     j = tl.arange(0, 2)
     l = tl.arange(0, 32)
@@ -129,11 +125,7 @@ def _gemv_q4p_i8_kernel(
 ):
     """int8 dot products; ``qw`` is ``qs`` as int32 words (16 per span): word ``8j + w`` of span
     ``t`` holds values ``128t + 32j + 4w + (0..3)`` (low nibbles) and the same ``+ 64`` (high)."""
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    r = tl.minimum(rows, N - 1).to(tl.int64)
+    pid, s_id, xm, rows, r = program_rows(N, BN)
     ts = tl.arange(0, S)
     j = tl.arange(0, 2)
     w = tl.arange(0, 8)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemv_split import SplitScratch, bias_or_residual, split_range, store_rows, whole_steps
+from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter, enter_gemv, gemv_launch_args, launch_args
 
 QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
@@ -96,11 +96,8 @@ def _gemv_q6k_i8_kernel(
     values ``128h + 32k + 16s + 4 w4 + t``, scale ``scales[8h + 2k + s]``.
     """
     G: tl.constexpr = 2 * BB
-    pid = tl.program_id(0)
-    s_id = tl.program_id(1)
-    xm = tl.program_id(2)
-    rows = pid * BN + tl.arange(0, BN)
-    rb = tl.minimum(rows, N - 1).to(tl.int64) * NB
+    pid, s_id, xm, rows, r = program_rows(N, BN)
+    rb = r * NB
     g = tl.arange(0, G)
     h = g % 2
     gb = g // 2

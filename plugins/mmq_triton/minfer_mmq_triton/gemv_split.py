@@ -17,6 +17,16 @@ import triton.language as tl
 
 
 @triton.jit
+def program_rows(N, BN: tl.constexpr):
+    """A GEMV program of grid ``(cdiv(N, BN), SPLIT, M)``: ``(pid, split s, activation row, its BN
+    output rows, those rows clamped to N - 1 as int64)``; out-of-range rows re-read the last row
+    and are never stored."""
+    pid = tl.program_id(0)
+    rows = pid * BN + tl.arange(0, BN)
+    return pid, tl.program_id(1), tl.program_id(2), rows, tl.minimum(rows, N - 1).to(tl.int64)
+
+
+@triton.jit
 def split_range(NB, s, SPLIT: tl.constexpr, BB: tl.constexpr):
     """Blocks ``[lo, hi)`` of split ``s``: ``ceil(NB / SPLIT)`` rounded up to whole steps of BB."""
     per = tl.cdiv(tl.cdiv(NB, SPLIT), BB) * BB
