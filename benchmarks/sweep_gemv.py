@@ -33,9 +33,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--types", default="Q4_K,Q6_K", help="quant types to sweep (default: both)")
+    ap.add_argument("--roles", default="", help="only these roles (comma-separated; default: all)")
+    ap.add_argument("--max-split", type=int, default=0, help="split-K cap (default: decode.INT8_MAX_SPLIT)")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for qt, n, k, role in [s for s in SHAPES if s[0].name in a.types.split(",")]:
+    for qt, n, k, role in [s for s in SHAPES if s[0].name in a.types.split(",")
+                           and (not a.roles or s[3] in a.roles.split(","))]:
         ws = [make_weight(qt, n, k, gen, device="cuda")]
         nbytes = ws[0].raw.numel()
         copies = max(1, min(16, -(-ROTATE_BYTES // nbytes)))
@@ -53,7 +56,7 @@ def main() -> None:
         for bn, bb, w in grid:
             if bn * bb * 64 * 4 > 64 * 1024 or bb > nb:  # over 64 KiB of quant words per step, or empty steps
                 continue
-            split = min(decode.INT8_MAX_SPLIT[qt], decode.auto_split(n, nb, bn, bb, nbytes))
+            split = min(a.max_split or decode.INT8_MAX_SPLIT[qt], decode.auto_split(n, nb, bn, bb, nbytes))
             cfgs.append((bn, bb, w, 2, split, 1))
             if role in ("qkv", "o") and w == 4 and qt == QT.Q4_K:
                 cfgs.append((bn, bb, w, 0, decode.auto_split(n, nb, bn, bb, nbytes)))

@@ -20,8 +20,9 @@ weights fed by an RMSNorm (qkv, gate|up, output head), whose norm the quantizer 
 (``gemv_split``, deterministic). :func:`decode_config` holds the measured choices.
 
 Fused pieces (``Candidate.fuses``, keyword arguments of ``fn``): every GEMV of a weight without a
-bias adds ``residual=`` in its epilogue; the int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of
-x) and ``swiglu=True`` (x is ``[g | u]``), done by the kernel that quantizes x.
+bias adds ``residual=`` in its epilogue; every GEMV takes ``swiglu=True`` (x is ``[g | u]``), done
+by the kernel that quantizes x (int8) or as the float kernels load x (``gemv_prologue``); the
+int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizing kernel.
 
 On compute capability 9.0+ the kernels launch with programmatic dependent launch (``pdl``), decided
 once per load from the load context (``MINFER_PDL=0`` turns it off); it changes when a kernel starts,
@@ -46,17 +47,24 @@ MAX_ROWS = 15
 #: Kernel configs ``(BN rows per program, BB blocks per step, num_warps, MODE)``; MODE 0: float
 #: kernels summing per sub-block, 1: float kernels dequantizing with one FMA, 2: int8 dot products
 #: (q4_K / q6_K only; it adds one small launch that quantizes x). The values are
-#: the winners of the H200 sweeps (plugins/mmq_triton/tests/test_decode_bench.py --sweep and
-#: benchmarks/sweep_gemv.py, results in benchmarks/results/, 2026-11-30) at the 7B / 0.5B shapes.
+#: the winners of the H200 sweeps (plugins/mmq_triton/tests/test_decode_bench.py --sweep,
+#: benchmarks/sweep_gemv.py and, under PDL, benchmarks/sweep_small.py; results in benchmarks/results/,
+#: 2026-11-30) at the 7B / 0.5B shapes.
 KQUANT_FLOAT = (8, 2, 4, 0)  # num_warps 2 when a step is a single super-block (BB = 1)
 KQUANT_INT8 = {QT.Q4_K: (8, 4, 4, 2), QT.Q6_K: (16, 2, 2, 2)}
 #: q4_K reads its plane (``gemv_q4plane``): a step is BB 128-value spans, not super-blocks.
 #: Long rows (K >= 8192, ffn_down) and small matrices (under INT8_MIN_BYTES) have their own tiles.
-Q4K_FLOAT = (8, 4, 4, 0)
+#: Narrow matrices (under Q4K_NARROW_BELOW rows: the 7B's k, the 0.5B's ffn_down) take 8-span steps,
+#: masked, split 4 ways (0.5B ffn_down 7.3 -> 5.7 us under PDL, run20-sweep-small.txt).
+Q4K_FLOAT, Q4K_FLOAT_NARROW, Q4K_FLOAT_SPLIT, Q4K_NARROW_BELOW = (8, 4, 4, 0), (8, 8, 4, 0), 4, 2048
 Q4K_INT8_LONG, Q4K_INT8_SMALL = (16, 2, 2, 2), (8, 16, 4, 2)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
+#: Rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one step covers the whole row (4 or 8
+#: rows a program), so no program waits for memory twice. Under PDL on the H200 the 0.5B's shapes
+#: gain 1.3-4 us a GEMV against the tiles above (benchmarks/results/run20-sweep-small.txt).
+LEGACY_ONE_STEP = 32
 #: Split-K (``gemv_split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays
 #: under TARGET_PROGRAMS and each split keeps MIN_STEPS steps (MIN_STEPS_TINY under 2 MiB, where
 #: latency dominates): short, wide matrices then fill the GPU.
@@ -88,7 +96,8 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
 
 
 #: Roles whose input is an RMSNorm output: there the int8 path's quantizing launch replaces the
-#: norm's own launch, so it pays at any size (other weights need INT8_MIN_BYTES).
+#: norm's own launch, so it pays at any size (other weights need INT8_MIN_BYTES; 7B tg128 377 against
+#: 370 tok/s with the float GEMVs and one RMSNorm launch for the qkv, run 20).
 INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
 
 
@@ -108,19 +117,27 @@ def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int,
             elif qt == QT.Q4_K and nbytes < INT8_MIN_BYTES:
                 bn, cap, warps, mode = Q4K_INT8_SMALL
             max_split = INT8_MAX_SPLIT[qt]
+        elif qt == QT.Q4_K:
+            bn, cap, warps, mode = Q4K_FLOAT if n >= Q4K_NARROW_BELOW else Q4K_FLOAT_NARROW
         else:
-            bn, cap, warps, mode = Q4K_FLOAT if qt == QT.Q4_K else KQUANT_FLOAT
+            bn, cap, warps, mode = KQUANT_FLOAT
     else:
         nb = k // 32
+        if nb <= LEGACY_ONE_STEP and nbytes < (64 << 20):  # the whole row in one (masked) step
+            return 4 if n < 1024 else 8, 1 << (nb - 1).bit_length(), 4, 0, 1
         bn, cap, warps, mode = (LEGACY_SMALL if nbytes < (2 << 20) else
                                 LEGACY_MID if nbytes < (64 << 20) else LEGACY_BIG)
-    if qt == QT.Q4_K and mode == 2:  # the plane kernel masks a partial last step cheaply
+    narrow = qt == QT.Q4_K and mode == 0 and n < Q4K_NARROW_BELOW
+    if qt == QT.Q4_K and (mode == 2 or narrow):  # the plane kernels mask a partial last step cheaply
         bb = min(cap, 1 << (nb.bit_length() - 1))
     else:
         bb = _pow2_divisor(nb, cap)
     if qt in (QT.Q5_K, QT.Q6_K) and mode == 0 and bb == 1:
         warps = 2
-    return bn, bb, warps, mode, min(max_split, auto_split(n, nb, bn, bb, nbytes))
+    split = min(max_split, auto_split(n, nb, bn, bb, nbytes))
+    if narrow:
+        split = max(split, Q4K_FLOAT_SPLIT)
+    return bn, bb, warps, mode, split
 
 
 def prepare(weight: Weight):
@@ -144,7 +161,7 @@ def fuses(config: tuple, bias) -> tuple[str, ...]:
     """What ``fn`` fuses besides the matmul (see the module docstring) under ``config``."""
     mode = config[3] if len(config) > 3 else 0
     out = () if bias is not None else ("residual",)
-    return out + (("rmsnorm", "swiglu") if mode == 2 else ())
+    return out + (("rmsnorm", "swiglu") if mode == 2 else ("swiglu",))
 
 
 def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
@@ -179,19 +196,22 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
                                              stages, pdl, prefetch)
     elif qt == QT.Q4_K:
         def run(x, res, norm, swiglu):
-            return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, False, split, scratch, res,
+            return gemv_q4plane.gemv_q4p(x, data, bias, bn, bb, warps, False, split, scratch, res, norm, swiglu,
                                          pdl=pdl, prefetch=prefetch)
     elif qt == QT.Q5_K:
         def run(x, res, norm, swiglu):
-            return gemv_kquant.gemv_q5k(x, data, bias, bn, bb, warps, deq, split, scratch, res, pdl, prefetch)
+            return gemv_kquant.gemv_q5k(x, data, bias, bn, bb, warps, deq, split, scratch, res, pdl, prefetch,
+                                        swiglu)
     elif qt == QT.Q6_K:
         def run(x, res, norm, swiglu):
-            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res, pdl, prefetch)
+            return gemv_kquant.gemv_q6k(x, data, bias, bn, bb, warps, deq, split, scratch, res, pdl, prefetch,
+                                        swiglu)
     else:
         name = qt.name.lower()
 
         def run(x, res, norm, swiglu):
-            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch, res, pdl, prefetch)
+            return gemv_legacy.gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch, res, pdl, prefetch,
+                                           swiglu)
 
     fused = fuses(config, bias)
 
@@ -199,8 +219,10 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
            swiglu: bool = False) -> torch.Tensor:
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.float().contiguous()
-        if (norm is not None or swiglu) and "rmsnorm" not in fused:
-            raise ValueError("this GEMV fuses neither RMSNorm nor SwiGLU (see fn.fuses)")
+        if norm is not None and "rmsnorm" not in fused:
+            raise ValueError("this GEMV does not fuse RMSNorm (see fn.fuses)")
+        if norm is not None and swiglu:
+            raise ValueError("a GEMV applies RMSNorm or SwiGLU to x, not both")
         res = residual if "residual" in fused else None
         y = run(x, None if res is None else res.float().contiguous(), norm, swiglu)
         return y if residual is None or res is not None else y + residual

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .gemv_pack import Q6KDecodePlane
+from .gemv_prologue import load_x
 from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter_gemv, gemv_launch_args
 
@@ -58,7 +59,7 @@ def _gemv_q5k_kernel(
     N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     # meta
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
-    PDL: tl.constexpr, PF: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """q5_K rows (TS = 176-byte blocks: d, dmin, 12 scale bytes, qh at 16, qs at QS = 48).
     DEQ: dequantize each value with one FMA into a [BN, G, 32] accumulator (no per-step sums)
@@ -77,6 +78,7 @@ def _gemv_q5k_kernel(
         acc = tl.zeros([BN, G], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
     enter_gemv(PDL, w8_ptr, rb * TS, lo * TS, hi * TS, PF)
+    K = NB * 256
     for kb in range(lo, hi, BB):
         blk = kb + gb  # [G]
         gmask = blk < hi
@@ -85,12 +87,12 @@ def _gemv_q5k_kernel(
         xo = (blk * 256 + c * 64)[:, None] + b[None, :]
         if EVEN:
             q = tl.load(qp).to(tl.int32)
-            x_lo = tl.load(x_row + xo)
-            x_hi = tl.load(x_row + xo + 32)
+            x_lo = load_x(x_row, xo, K, None, SWIGLU)
+            x_hi = load_x(x_row, xo + 32, K, None, SWIGLU)
         else:
             q = tl.load(qp, mask=gmask[None, :, None], other=0).to(tl.int32)
-            x_lo = tl.load(x_row + xo, mask=gmask[:, None], other=0.0)
-            x_hi = tl.load(x_row + xo + 32, mask=gmask[:, None], other=0.0)
+            x_lo = load_x(x_row, xo, K, gmask[:, None], SWIGLU)
+            x_hi = load_x(x_row, xo + 32, K, gmask[:, None], SWIGLU)
         # bit 2c (low) / 2c+1 (high) of qh[b] is the fifth bit; v = 1 + u / 32
         hp = w8_ptr + (rb * TS)[:, None, None] + (blk * TS + 16)[None, :, None] + b[None, None, :]
         if EVEN:
@@ -144,7 +146,7 @@ def _gemv_q6k_kernel(
     x_ptr, w8_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_xm, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
-    PDL: tl.constexpr, PF: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """q6_K over its decode plane (208-byte blocks ``ql | qh | scales`` + f16 ``d``).
 
@@ -167,6 +169,7 @@ def _gemv_q6k_kernel(
         acc = tl.zeros([BN, G], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
     enter_gemv(PDL, w8_ptr, rb * 208, lo * 208, hi * 208, PF)
+    K = NB * 256
     for kb in range(lo, hi, BB):
         blk = kb + gb
         gmask = blk < hi
@@ -177,20 +180,20 @@ def _gemv_q6k_kernel(
             ql0 = tl.load(lp).to(tl.int32)
             ql1 = tl.load(lp + 32).to(tl.int32)
             qh = tl.load(hp).to(tl.int32)
-            x0 = tl.load(x_row + xo)
-            x1 = tl.load(x_row + xo + 32)
-            x2 = tl.load(x_row + xo + 64)
-            x3 = tl.load(x_row + xo + 96)
+            x0 = load_x(x_row, xo, K, None, SWIGLU)
+            x1 = load_x(x_row, xo + 32, K, None, SWIGLU)
+            x2 = load_x(x_row, xo + 64, K, None, SWIGLU)
+            x3 = load_x(x_row, xo + 96, K, None, SWIGLU)
         else:
             m3 = gmask[None, :, None]
             m2 = gmask[:, None]
             ql0 = tl.load(lp, mask=m3, other=0).to(tl.int32)
             ql1 = tl.load(lp + 32, mask=m3, other=0).to(tl.int32)
             qh = tl.load(hp, mask=m3, other=0).to(tl.int32)
-            x0 = tl.load(x_row + xo, mask=m2, other=0.0)
-            x1 = tl.load(x_row + xo + 32, mask=m2, other=0.0)
-            x2 = tl.load(x_row + xo + 64, mask=m2, other=0.0)
-            x3 = tl.load(x_row + xo + 96, mask=m2, other=0.0)
+            x0 = load_x(x_row, xo, K, m2, SWIGLU)
+            x1 = load_x(x_row, xo + 32, K, m2, SWIGLU)
+            x2 = load_x(x_row, xo + 64, K, m2, SWIGLU)
+            x3 = load_x(x_row, xo + 96, K, m2, SWIGLU)
         # 6-bit u at mantissa bits 17..22: v = 1 + u / 64, w = d * sc * (64 v - 96)
         v0 = (((ql0 << 17) & 0x1E0000) | ((qh << 21) & 0x600000) | ONE).to(tl.float32, bitcast=True)
         v1 = (((ql1 << 17) & 0x1E0000) | ((qh << 19) & 0x600000) | ONE).to(tl.float32, bitcast=True)
@@ -237,9 +240,9 @@ def _gemv_q6k_kernel(
 def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
               bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
               scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
-              pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
+              pdl: bool = False, prefetch: int = 0, swiglu: bool = False) -> torch.Tensor:
     """q5_K raw rows ``(N, NB * 176)`` uint8; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)``
-    (plus ``residual`` ``(M, N)`` when given)."""
+    (plus ``residual`` ``(M, N)`` when given); ``swiglu``: x is ``(M, 2K)`` ``[g | u]`` (``gemv_prologue``)."""
     n = raw.shape[0]
     nb = raw.shape[1] // 176
     m = x.shape[0]
@@ -249,7 +252,7 @@ def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     _gemv_q5k_kernel[(scratch.n_blocks, split, m)](
         x, raw, raw.view(torch.int32), b, y, part, cnt,
-        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
+        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks, SWIGLU=swiglu,
         HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split, num_warps=num_warps,
         **gemv_launch_args(pdl, prefetch),
     )
@@ -259,8 +262,9 @@ def gemv_q5k(x: torch.Tensor, raw: torch.Tensor, bias: torch.Tensor | None,
 def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
              bn: int, bb: int, num_warps: int, deq: bool = False, split: int = 1,
              scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
-             pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
-    """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (plus ``residual``)."""
+             pdl: bool = False, prefetch: int = 0, swiglu: bool = False) -> torch.Tensor:
+    """q6_K decode plane; ``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (plus ``residual``);
+    ``swiglu`` as in :func:`gemv_q5k`."""
     n, nb = plane.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -269,7 +273,7 @@ def gemv_q6k(x: torch.Tensor, plane: Q6KDecodePlane, bias: torch.Tensor | None,
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     _gemv_q6k_kernel[(scratch.n_blocks, split, m)](
         x, plane.w, plane.w.view(torch.int8), plane.d, b, y, part, cnt,
-        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
+        n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks, SWIGLU=swiglu,
         HAS_BIAS=has_bias, EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, DEQ=deq, SPLIT=split,
         num_warps=num_warps, **gemv_launch_args(pdl, prefetch),
     )

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .gemv_pack import LegacyPlane
+from .gemv_prologue import load_x
 from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter_gemv, gemv_launch_args
 
@@ -36,10 +37,10 @@ def _gemv_legacy_kernel(
     # meta
     QT: tl.constexpr, QB: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN: tl.constexpr,
     BN: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-    PF: tl.constexpr,
+    PF: tl.constexpr, SWIGLU: tl.constexpr,
 ):
     """x (M, K) f32, plane of N rows x NB blocks (QB quant bytes each) -> y (M, N) f32.
-    Grid (cdiv(N, BN), M)."""
+    SWIGLU: x is ``[g | u]`` (``gemv_prologue``). Grid (cdiv(N, BN), SPLIT, M)."""
     pid, s_id, xm, rows, r = program_rows(N, BN)
     rb = r * NB  # first block of each row
     g = tl.arange(0, BB)
@@ -48,6 +49,7 @@ def _gemv_legacy_kernel(
     acc = tl.zeros([BN, BB], dtype=tl.float32)
     lo, hi = split_range(NB, s_id, SPLIT, BB)
     enter_gemv(PDL, qs_ptr, rb * QB, lo * QB, hi * QB, PF)
+    K = NB * 32
     for kb in range(lo, hi, BB):
         blk = kb + g
         bmask = blk < hi
@@ -59,9 +61,9 @@ def _gemv_legacy_kernel(
             q = tl.load(qp, mask=bmask[None, :, None], other=0).to(tl.int32)
         xo = (blk * 32)[:, None] + i[None, :]
         if EVEN:
-            x_lo = tl.load(x_row + xo)
+            x_lo = load_x(x_row, xo, K, None, SWIGLU)
         else:
-            x_lo = tl.load(x_row + xo, mask=bmask[:, None], other=0.0)
+            x_lo = load_x(x_row, xo, K, bmask[:, None], SWIGLU)
         if QT == 4:
             # q8_0: u = q + 128 in the top 8 mantissa bits; w = d * (256 v - 384)
             v = ((q << 15) ^ 0x3FC00000).to(tl.float32, bitcast=True)
@@ -69,9 +71,9 @@ def _gemv_legacy_kernel(
             xs = tl.sum(x_lo, axis=1)
         else:
             if EVEN:
-                x_hi = tl.load(x_row + xo + 16)
+                x_hi = load_x(x_row, xo + 16, K, None, SWIGLU)
             else:
-                x_hi = tl.load(x_row + xo + 16, mask=bmask[:, None], other=0.0)
+                x_hi = load_x(x_row, xo + 16, K, bmask[:, None], SWIGLU)
             if QT < 2:  # 4-bit: v = 1 + n / 16
                 v_lo = (((q << 19) & 0x780000) | ONE).to(tl.float32, bitcast=True)
                 v_hi = (((q << 15) & 0x780000) | ONE).to(tl.float32, bitcast=True)
@@ -122,8 +124,9 @@ def _gemv_legacy_kernel(
 def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch.Tensor | None,
                 bn: int, bb: int, num_warps: int, split: int = 1,
                 scratch: SplitScratch | None = None, residual: torch.Tensor | None = None,
-                pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
-    """``x`` float32 ``(M, K)`` contiguous rows -> float32 ``(M, N)`` (plus ``residual``)."""
+                pdl: bool = False, prefetch: int = 0, swiglu: bool = False) -> torch.Tensor:
+    """``x`` float32 ``(M, K)`` contiguous rows -> float32 ``(M, N)`` (plus ``residual``); with
+    ``swiglu`` x is ``(M, 2K)`` ``[g | u]`` and the product is of ``silu(g) * u``."""
     n, nb = plane.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -135,7 +138,7 @@ def gemv_legacy(x: torch.Tensor, plane: LegacyPlane, type_name: str, bias: torch
     _gemv_legacy_kernel[(scratch.n_blocks, split, m)](
         x, plane.qs, qh, plane.d, mn, b, y, part, cnt,
         n, nb, x.stride(0), y.stride(0), sbm, scratch.n_blocks,
-        QT=TYPE_IDS[type_name], QB=plane.qs.shape[1] // nb, HAS_BIAS=has_bias,
+        QT=TYPE_IDS[type_name], QB=plane.qs.shape[1] // nb, HAS_BIAS=has_bias, SWIGLU=swiglu,
         EVEN=whole_steps(nb, bb, split), BN=bn, BB=bb, SPLIT=split, num_warps=num_warps,
         **gemv_launch_args(pdl, prefetch),
     )

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemv_prologue import load_x
 from .gemv_q8dot import _dp4a, quantize_x
 from .gemv_split import SplitScratch, bias_or_residual, program_rows, split_range, store_rows, whole_steps
 from .pdl import enter_gemv, gemv_launch_args
@@ -80,9 +81,10 @@ def _gemv_q4p_kernel(
     x_ptr, qs_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NT, stride_xm, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr,
-    PDL: tl.constexpr, PF: tl.constexpr,
+    PDL: tl.constexpr, PF: tl.constexpr, SWIGLU: tl.constexpr,
 ):
-    """Float products; ``NT`` spans per row. Grid (cdiv(N, BN), SPLIT, M)."""
+    """Float products; ``NT`` spans per row; PRO: the prologue applied to x (``gemv_prologue``).
+    Grid (cdiv(N, BN), SPLIT, M)."""
     pid, s_id, xm, rows, r = program_rows(N, BN)
     ts = tl.arange(0, S)
     j = tl.arange(0, 2)
@@ -91,6 +93,7 @@ def _gemv_q4p_kernel(
     acc = tl.zeros([BN, S, 2], dtype=tl.float32)
     lo, hi = split_range(NT, s_id, SPLIT, S)
     enter_gemv(PDL, qs_ptr, r * (NT * 64), lo * 64, hi * 64, PF)
+    K = NT * 128
     for t0 in range(lo, hi, S):
         t = t0 + ts
         tm = t < hi
@@ -100,13 +103,13 @@ def _gemv_q4p_kernel(
         if EVEN:
             b = tl.load(qp).to(tl.int32)
             w_lo, w_hi, wd = _scale_words(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, None)
-            x_lo = tl.load(x_row + xo)
-            x_hi = tl.load(x_row + xo + 64)
+            x_lo = load_x(x_row, xo, K, None, SWIGLU)
+            x_hi = load_x(x_row, xo + 64, K, None, SWIGLU)
         else:
             b = tl.load(qp, mask=tm[None, :, None, None], other=0).to(tl.int32)
             w_lo, w_hi, wd = _scale_words(sc_ptr, dm_ptr, r * (NT * 2), r * (NT // 2), t, tm[None, :])
-            x_lo = tl.load(x_row + xo, mask=tm[:, None, None], other=0.0)
-            x_hi = tl.load(x_row + xo + 64, mask=tm[:, None, None], other=0.0)
+            x_lo = load_x(x_row, xo, K, tm[:, None, None], SWIGLU)
+            x_hi = load_x(x_row, xo + 64, K, tm[:, None, None], SWIGLU)
         s_lo = tl.sum((b & 0xF).to(tl.float32) * x_lo[None], axis=3)  # [BN, S, 2]
         s_hi = tl.sum((b >> 4).to(tl.float32) * x_hi[None], axis=3)
         a_lo, c_lo, a_hi, c_hi = _scale_values(w_lo, w_hi, wd, j)
@@ -178,8 +181,8 @@ def _gemv_q4p_i8_kernel(
 def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_warps: int, int8: bool,
              split: int, scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
              num_stages: int = 3, pdl: bool = False, prefetch: int = 0) -> torch.Tensor:
-    """``x`` float32 ``(M, K)`` (``(M, 2K)`` with ``swiglu``) -> float32 ``(M, N)``; ``norm`` and
-    ``swiglu`` only with ``int8`` (they are applied where x is quantized)."""
+    """``x`` float32 ``(M, K)`` (``(M, 2K)`` with ``swiglu``) -> float32 ``(M, N)``; ``norm`` (int8 only)
+    and ``swiglu`` are applied where x is quantized (``int8``) or loaded (``gemv_prologue``)."""
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
@@ -196,7 +199,7 @@ def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_wa
         _gemv_q4p_i8_kernel[grid](xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
                                   n, nt, y.stride(0), sbm, scratch.n_blocks, USE_ASM=x.is_cuda, **meta)
     else:
-        assert norm is None and not swiglu
+        assert norm is None, "the float q4_K GEMV does not fuse RMSNorm"
         _gemv_q4p_kernel[grid](x, plane.qs, sc32, dm32, b, y, part, cnt,
-                               n, nt, x.stride(0), y.stride(0), sbm, scratch.n_blocks, **meta)
+                               n, nt, x.stride(0), y.stride(0), sbm, scratch.n_blocks, SWIGLU=swiglu, **meta)
     return y

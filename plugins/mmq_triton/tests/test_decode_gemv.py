@@ -147,11 +147,14 @@ def test_int8_dot_gemv_matches(qtype):
 
 
 @pytest.mark.parametrize("qtype,cfg", [(QT.Q4_K, (8, 1, 2, 2, 2)), (QT.Q6_K, (8, 1, 2, 2, 1)),
-                                       (QT.Q4_K, (8, 2, 2, 0, 1)), (QT.Q5_0, (8, 4, 2, 0, 2))],
-                         ids=["q4_k-i8", "q6_k-i8", "q4_k-float", "q5_0-float"])
+                                       (QT.Q4_K, (8, 2, 2, 0, 1)), (QT.Q5_0, (8, 4, 2, 0, 2)),
+                                       (QT.Q6_K, (8, 1, 2, 0, 2)), (QT.Q5_K, (4, 1, 2, 1, 1)),
+                                       (QT.Q8_0, (8, 4, 2, 0, 1))],
+                         ids=["q4_k-i8", "q6_k-i8", "q4_k-float", "q5_0-float-split", "q6_k-float-split",
+                              "q5_k-deq", "q8_0-float"])
 def test_fused_residual_norm_swiglu(qtype, cfg):
     """What ``fn.fuses`` promises, against the same float64 oracle applied to the unfused input:
-    ``residual + f(x) @ W.T`` with f = RMSNorm * w or SwiGLU (int8 GEMVs), residual (all)."""
+    ``residual + f(x) @ W.T`` with f = SwiGLU (every kernel) or RMSNorm * w (int8 GEMVs)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter in CI, the GPU there
     gen = torch.Generator().manual_seed(11)
     n, k = 19, 512
@@ -164,19 +167,23 @@ def test_fused_residual_norm_swiglu(qtype, cfg):
     res = torch.randn(2, n, generator=gen).to(dev)
     assert "residual" in fn.fuses
     assert check(fn(h, residual=res) - res, h, w64, None) < tol
-    if cfg[3] != 2:
-        assert "rmsnorm" not in fn.fuses
-        with pytest.raises(ValueError):
-            fn(h, norm=(torch.ones(k), 1e-6))
-        return
-    assert {"rmsnorm", "swiglu"} <= set(fn.fuses)
-    nw, eps = (torch.rand(k, generator=gen) + 0.5).to(dev), 1e-6
-    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
-    assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < tol
+    assert "swiglu" in fn.fuses
     gu = (torch.randn(2, 2 * k, generator=gen) * 2).to(dev)
     g, u = gu.double().chunk(2, dim=-1)
     act = (g * torch.sigmoid(g) * u).float()
     assert check(fn(gu, swiglu=True), act, w64, None) < tol
+    assert check(fn(gu, swiglu=True, residual=res) - res, act, w64, None) < tol
+    if cfg[3] != 2:
+        assert "rmsnorm" not in fn.fuses
+        with pytest.raises(ValueError):
+            fn(h, norm=(torch.ones(k, device=dev), 1e-6))
+        return
+    assert "rmsnorm" in fn.fuses
+    with pytest.raises(ValueError):
+        fn(h, norm=(torch.ones(k, device=dev), 1e-6), swiglu=True)
+    nw, eps = (torch.rand(k, generator=gen) + 0.5).to(dev), 1e-6
+    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
+    assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < tol
 
 
 def test_activation_quantizer_two_digits():
