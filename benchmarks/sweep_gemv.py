@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--types", default="Q4_K,Q6_K", help="quant types to sweep (default: both)")
     ap.add_argument("--roles", default="", help="only these roles (comma-separated; default: all)")
+    ap.add_argument("--tiles", default="", help='only these int8 tiles, e.g. "8,4,4 16,4,2" (BN,BB,warps)')
+    ap.add_argument("--wide", action="store_true", help="also 8-warp and 32-row tiles")
     ap.add_argument("--max-split", type=int, default=0, help="split-K cap (default: decode.INT8_MAX_SPLIT)")
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -53,6 +55,10 @@ def main() -> None:
             cfgs.append(decode.decode_config(qt, n, k, "") + (3,))
         # BB is taken as given (a step may run past the row: masked), so one step can cover a whole row
         grid = itertools.product((4, 8, 16), (2, 4, 8, 16), (2, 4)) if not a.quick else [(8, 2, 2), (8, 16, 4)]
+        if a.tiles:
+            grid = [tuple(int(v) for v in c.split(",")) for c in a.tiles.split()]
+        if a.wide:
+            grid = list(grid) + [(16, 4, 8), (32, 4, 8), (32, 2, 4), (16, 8, 8), (32, 4, 4)]
         for bn, bb, w in grid:
             if bn * bb * 64 * 4 > 64 * 1024 or bb > nb:  # over 64 KiB of quant words per step, or empty steps
                 continue
