@@ -129,19 +129,20 @@ class Transformer:
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return dequantize(self.p.tok_embd[tokens], self.p.tok_embd_type, self.cfg.n_embd)
 
+    def split_qkv(self, outs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """q, k, v from the outputs of a layer's attention weights (one fused qkv, or three)."""
+        return outs[0].split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1) if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    def join_gate_up(outs: list[torch.Tensor]) -> torch.Tensor:
+        """``[g | u]`` from the outputs of a layer's ffn input weights (one fused gate_up, or two)."""
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
     def qkv(self, i: int, a) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        names = self.p.layers[i].attn
-        if len(names) == 1:
-            y = self.rt.linear(names[0], a)
-            return y.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-        return tuple(self.rt.linear(n, a) for n in names)
+        return self.split_qkv([self.rt.linear(n, a) for n in self.p.layers[i].attn])
 
     def ffn(self, i: int, a) -> torch.Tensor:
-        names = self.p.layers[i].ffn
-        if len(names) == 1:
-            gu = self.rt.linear(names[0], a)
-        else:
-            gu = torch.cat([self.rt.linear(n, a) for n in names], dim=-1)
+        gu = self.join_gate_up([self.rt.linear(n, a) for n in self.p.layers[i].ffn])
         return self.rt.linear(self.p.layers[i].down, self.rt.swiglu(gu))
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
@@ -195,12 +196,10 @@ class Transformer:
         h = self.embed(token)
         for i in range(cfg.n_layers):
             lw = self.p.layers[i]
-            qkv = rt.decode_normed(lw.attn, h, (self.p.attn_norm[i], cfg.rms_eps))
-            q, k, v = qkv[0].split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1) if len(qkv) == 1 else qkv
+            q, k, v = self.split_qkv(rt.decode_normed(lw.attn, h, (self.p.attn_norm[i], cfg.rms_eps)))
             q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
             o = rt._run(rt.attn_decode, q, c.k[i], c.v[i], n_valid)
             h = rt.decode_linear(lw.o, o.view(1, -1), residual=h)
-            gu = rt.decode_normed(lw.ffn, h, (self.p.ffn_norm[i], cfg.rms_eps))
-            gu = gu[0] if len(gu) == 1 else torch.cat(gu, dim=-1)
+            gu = self.join_gate_up(rt.decode_normed(lw.ffn, h, (self.p.ffn_norm[i], cfg.rms_eps)))
             h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
         return self.head(h)
