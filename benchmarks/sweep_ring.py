@@ -1,0 +1,78 @@
+"""The 7B's q4_K int8 decode GEMVs: the Triton kernel (``gemv_q4plane``) against the Gluon ring
+kernel (``gemv_q4ring``) over a grid of configs (GPU).
+
+    python benchmarks/sweep_ring.py
+
+Each config runs as a chain of calls over rotating weight copies in one CUDA graph, launched with
+PDL and with the prologue the model uses (RMSNorm for qkv and gate|up, SwiGLU + residual for
+ffn_down), as ``sweep_small.py`` does. Prints microseconds per call and GB/s of weight bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "mmq_triton" / "tests"))
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from test_decode_bench import _graph_time  # noqa: E402
+from test_decode_gemv import make_weight  # noqa: E402
+
+SHAPES = [(37888, 3584, "gate_up", "norm"), (3584, 18944, "down", "swiglu"), (4608, 3584, "qkv", "norm")]
+#: (spans, rows per thread, warps, stages, split)
+RING = [(4, 1, 4, 4, 1), (4, 1, 4, 6, 1), (4, 2, 4, 3, 1), (4, 2, 4, 4, 1), (2, 2, 4, 4, 1), (2, 1, 4, 6, 1),
+        (8, 1, 4, 3, 1), (4, 1, 8, 4, 1), (2, 2, 8, 4, 1), (4, 1, 2, 4, 1)]
+ROTATE = 256 << 20
+
+
+def main() -> None:
+    from minfer_mmq_triton import decode, gemv_q4ring
+    from minfer_mmq_triton.gemv_split import SplitScratch
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n, k, role, pro in SHAPES:
+        w0 = make_weight(QT.Q4_K, n, k, gen, device="cuda")
+        nbytes = w0.raw.numel()
+        copies = max(2, min(16, -(-ROTATE // nbytes)))
+        ws = [w0] + [make_weight(QT.Q4_K, n, k, gen, device="cuda") for _ in range(copies - 1)]
+        datas = [decode.prepare(w) for w in ws]
+        for w in ws:
+            w.raw = None
+        torch.cuda.empty_cache()
+        x = torch.randn(1, 2 * k if pro == "swiglu" else k, generator=gen, device="cuda")
+        res = torch.randn(1, n, generator=gen, device="cuda")
+        kw = {"norm": (torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6)} if pro == "norm" else \
+            {"swiglu": True, "residual": res}
+        default = decode.decode_config(QT.Q4_K, n, k, role)
+        rows = []
+        fns = [decode.make_gemv(QT.Q4_K, d, None, n, k, default, pdl=True) for d in datas]
+        t = _graph_time([lambda f=f: f(x, **kw) for f in fns] * max(1, 8 // copies))
+        rows.append((t, f"triton {default}"))
+        splits = [1] if n > 8192 else [1, 2, 4]
+        for s, r, warps, stages, _ in RING:
+            for split in splits:
+                bn = gemv_q4ring.ring_rows(s, r, warps)
+                try:
+                    scr = [SplitScratch(n, bn, split) for _ in datas]
+                    fns = [lambda d=d, sc=sc: gemv_q4ring.gemv_q4p_ring(x, d, None, s, r, warps, stages, split, sc,
+                                                                         pdl=True, **kw)
+                           for d, sc in zip(datas, scr)]
+                    t = _graph_time(fns * max(1, 8 // copies))
+                except Exception as e:  # a config the compiler rejects: report and go on
+                    print(f"  ring {(s, r, warps, stages, split)} failed {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120]}", flush=True)
+                    continue
+                rows.append((t, f"ring S={s} R={r} warps={warps} stages={stages} split={split} (BN {bn})"))
+        print(f"\n## q4_K {n}x{k} ({role}, {pro}, {nbytes / 2**20:.1f} MiB, {copies} copies)")
+        for t, label in sorted(rows):
+            print(f"  {t * 1e6:7.2f} us  {nbytes / t / 1e9:6.0f} GB/s  {label}", flush=True)
+        del ws, datas, fns
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The q4_K int8 GEMV with a shared-memory ring of async copies (``gemv_q4ring``; Gluon, GPU
+only) against gguf's dequantized weights, at the 7B's shapes and at small shapes with partial
+steps, uneven splits, bias, residual and the fused prologues; replayed in a CUDA graph.
+
+Tolerance as ``test_decode_gemv.TOL_I8`` (x carried as two int8 digits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from test_decode_gemv import TOL_I8, check, make_weight, oracle_dense
+
+pytestmark = pytest.mark.cuda
+
+#: (spans, rows per thread, warps, stages)
+CONFIGS = [(4, 1, 4, 4), (4, 2, 4, 3), (2, 2, 4, 4), (8, 1, 4, 3)]
+
+
+def _ring(w, cfg, split):
+    from minfer_mmq_triton import decode, gemv_q4ring
+    from minfer_mmq_triton.gemv_split import SplitScratch
+
+    s, r, warps, stages = cfg
+    scratch = SplitScratch(w.n_out, gemv_q4ring.ring_rows(s, r, warps), split)
+    plane = decode.prepare(w)
+
+    def fn(x, **kw):
+        return gemv_q4ring.gemv_q4p_ring(x, plane, w.bias, s, r, warps, stages, split, scratch, pdl=True, **kw)
+
+    fn.scratch = scratch
+    return fn
+
+
+@pytest.mark.parametrize("n,k,split,bias", [(21, 1280, 3, True), (40, 2816, 1, False), (37888, 3584, 1, False),
+                                            (3584, 18944, 4, False), (4608, 3584, 2, True)], ids=str)
+def test_ring_gemv_matches_gguf(n, k, split, bias):
+    from minfer_core.dequant import dequantize
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k + split)
+    w = make_weight(QT.Q4_K, n, k, gen, bias=bias, device="cuda")
+    w64 = oracle_dense(w.raw, QT.Q4_K).cuda() if n * k < 1e6 else dequantize(w.raw, QT.Q4_K, k).double()
+    xs = []
+    for m in (1, 3):
+        x = torch.randn(m, k, generator=gen, device="cuda") * 2
+        x[:, 5] = 30.0  # one large value per block must not swamp its neighbours beyond TOL_I8
+        xs.append(x)
+    for cfg in CONFIGS:
+        fn = _ring(w, cfg, split)
+        for x in xs:
+            err = check(fn(x), x, w64, w.bias)
+            assert err < TOL_I8, f"{n}x{k} split {split} M={x.shape[0]} {cfg}: {err:.2e}"
+        if split > 1:
+            assert int(fn.scratch.get(3, "cuda")[1].abs().sum()) == 0
+
+
+def test_ring_gemv_prologues_and_graph_replay():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    n, k = 300, 2048
+    w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
+    w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
+    fn = _ring(w, (4, 1, 4, 4), 2)
+    h = torch.randn(1, k, generator=gen, device="cuda") * 3
+    res = torch.randn(1, n, generator=gen, device="cuda")
+    nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
+    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
+    assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < TOL_I8
+    gu = torch.randn(1, 2 * k, generator=gen, device="cuda") * 2
+    g, u = gu.double().chunk(2, dim=-1)
+    assert check(fn(gu, swiglu=True), (g * torch.sigmoid(g) * u).float(), w64, None) < TOL_I8
+    want = fn(h).clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fn(h)
+    for _ in range(3):
+        y.zero_()
+        graph.replay()
+        assert torch.equal(y, want)
