@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Twenty-seventh GPU call: the Gluon ring GEMV (gemv_q4ring) against gguf's dequantizer, then timed
-# against the Triton q4_K int8 GEMV at the 7B's shapes (sweep_ring.py). No models needed.
+# Twenty-seventh GPU call (run twice: 27 ring only, 28 with the MMA kernel): the Gluon GEMVs
+# (gemv_q4ring, gemv_q4mma) against gguf's dequantizer, then timed against the Triton q4_K int8 GEMV at the 7B's shapes.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,5 +1,5 @@
-"""The q4_K int8 GEMV with a shared-memory ring of async copies (``gemv_q4ring``; Gluon, GPU
-only) against gguf's dequantized weights, at the 7B's shapes and at small shapes with partial
+"""The Gluon q4_K int8 GEMVs (GPU only): the shared-memory ring of async copies (``gemv_q4ring``)
+and the tensor-core one (``gemv_q4mma``), against gguf's dequantized weights, at the 7B's shapes and at small shapes with partial
 steps, uneven splits, bias, residual and the fused prologues; replayed in a CUDA graph.
 
 Tolerance as ``test_decode_gemv.TOL_I8`` (x carried as two int8 digits)."""
@@ -14,20 +14,28 @@ from test_decode_gemv import TOL_I8, check, make_weight, oracle_dense
 
 pytestmark = pytest.mark.cuda
 
-#: (spans, rows per thread, warps, stages)
-CONFIGS = [(4, 1, 4, 4), (4, 2, 4, 3), (2, 2, 4, 4), (8, 1, 4, 3)]
+#: ("ring", spans, rows per thread, warps, stages) / ("mma", tiles, spans, warps)
+CONFIGS = [("ring", 4, 1, 4, 4), ("ring", 2, 2, 4, 4), ("mma", 2, 2, 4), ("mma", 1, 4, 4), ("mma", 4, 1, 4),
+           ("mma", 1, 2, 2)]
 
 
 def _ring(w, cfg, split):
-    from minfer_mmq_triton import decode, gemv_q4ring
+    from minfer_mmq_triton import decode, gemv_q4mma, gemv_q4ring
     from minfer_mmq_triton.gemv_split import SplitScratch
 
-    s, r, warps, stages = cfg
-    scratch = SplitScratch(w.n_out, gemv_q4ring.ring_rows(s, r, warps), split)
     plane = decode.prepare(w)
+    if cfg[0] == "ring":
+        _, s, r, warps, stages = cfg
+        scratch = SplitScratch(w.n_out, gemv_q4ring.ring_rows(s, r, warps), split)
 
-    def fn(x, **kw):
-        return gemv_q4ring.gemv_q4p_ring(x, plane, w.bias, s, r, warps, stages, split, scratch, pdl=True, **kw)
+        def fn(x, **kw):
+            return gemv_q4ring.gemv_q4p_ring(x, plane, w.bias, s, r, warps, stages, split, scratch, pdl=True, **kw)
+    else:
+        _, t, s, warps = cfg
+        scratch = SplitScratch(w.n_out, gemv_q4mma.mma_rows(t, warps), split)
+
+        def fn(x, **kw):
+            return gemv_q4mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, **kw)
 
     fn.scratch = scratch
     return fn
@@ -55,12 +63,13 @@ def test_ring_gemv_matches_gguf(n, k, split, bias):
             assert int(fn.scratch.get(3, "cuda")[1].abs().sum()) == 0
 
 
-def test_ring_gemv_prologues_and_graph_replay():
+@pytest.mark.parametrize("cfg", [("ring", 4, 1, 4, 4), ("mma", 2, 2, 4)], ids=str)
+def test_ring_gemv_prologues_and_graph_replay(cfg):
     gen = torch.Generator(device="cuda").manual_seed(3)
     n, k = 300, 2048
     w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
     w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
-    fn = _ring(w, (4, 1, 4, 4), 2)
+    fn = _ring(w, cfg, 2)
     h = torch.randn(1, k, generator=gen, device="cuda") * 3
     res = torch.randn(1, n, generator=gen, device="cuda")
     nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
