@@ -24,6 +24,11 @@ bias adds ``residual=`` in its epilogue; every GEMV takes ``swiglu=True`` (x is 
 by the kernel that quantizes x (int8) or as the float kernels load x (``gemv_prologue``); the
 int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizing kernel.
 
+On CUDA (compute capability 8.0+) the q4_K weights that take the int8 path run on tensor cores
+instead (``gemv_q4mma``, MODE 3: same two-digit x, same exact integer sub-block sums; H200, run 28:
+the 7B's q4_K ffn_down 23.7 -> 17.7 us, qkv 10.0 -> 8.8 us); ``MINFER_DECODE_MMA=0`` keeps the dp4a
+kernel (A/B runs, debugging), read once per load like ``MINFER_PDL``.
+
 On compute capability 9.0+ the kernels launch with programmatic dependent launch (``pdl``), decided
 once per load from the load context (``MINFER_PDL=0`` turns it off); it changes when a kernel starts,
 never what it computes.
@@ -31,6 +36,7 @@ never what it computes.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
@@ -46,7 +52,8 @@ MAX_ROWS = 15
 
 #: Kernel configs ``(BN rows per program, BB blocks per step, num_warps, MODE)``; MODE 0: float
 #: kernels summing per sub-block, 1: float kernels dequantizing with one FMA, 2: int8 dot products
-#: (q4_K / q6_K only; it adds one small launch that quantizes x). The values are
+#: (q4_K / q6_K only; it adds one small launch that quantizes x), 3: the same on tensor cores (q4_K,
+#: CUDA only; BB counts 128-value spans). The values are
 #: the winners of the H200 sweeps (plugins/mmq_triton/tests/test_decode_bench.py --sweep,
 #: benchmarks/sweep_gemv.py and, under PDL, benchmarks/sweep_small.py; results in benchmarks/results/,
 #: 2026-11-30) at the 7B / 0.5B shapes.
@@ -60,6 +67,10 @@ Q4K_FLOAT, Q4K_FLOAT_NARROW, Q4K_FLOAT_SPLIT, Q4K_NARROW_BELOW = (8, 4, 4, 0), (
 Q4K_INT8_LONG, Q4K_INT8_SMALL = (16, 2, 2, 2), (8, 16, 4, 2)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
+#: MODE 3 (``gemv_q4mma``): 64 rows a program (4 warps, one 16-row tile each), 2 spans a step for
+#: tall matrices (gate|up) and 4 otherwise, split-K until the grid has about MMA_PROGRAMS programs
+#: (at most 8 splits). From ``benchmarks/sweep_ring.py`` on the H200 (run 28).
+MMA_ROWS, MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 64, 4, 16384, 512
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
 #: Rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one step covers the whole row (4 or 8
 #: rows a program), so no program waits for memory twice. Under PDL on the H200 the 0.5B's shapes
@@ -101,8 +112,17 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
 INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
 
 
-def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int, int, int]:
-    """``(BN, BB, num_warps, MODE, SPLIT)`` for a weight of ``n`` rows and ``k`` columns."""
+def mma_config(n: int) -> tuple[int, int, int, int, int]:
+    """MODE 3's ``(BN, spans, num_warps, 3, SPLIT)`` for a q4_K weight of ``n`` rows."""
+    split, blocks = 1, -(-n // MMA_ROWS)
+    while split < 8 and blocks * split * 2 <= MMA_PROGRAMS:
+        split *= 2
+    return MMA_ROWS, 2 if n >= MMA_TALL else 4, MMA_WARPS, 3, split
+
+
+def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> tuple[int, int, int, int, int]:
+    """``(BN, BB, num_warps, MODE, SPLIT)`` for a weight of ``n`` rows and ``k`` columns; ``mma``: the
+    tensor-core GEMV is available (see :func:`mma_enabled`)."""
     from minfer_core.quants import info
 
     qt = QT(qtype)
@@ -117,6 +137,8 @@ def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int,
             elif qt == QT.Q4_K and nbytes < INT8_MIN_BYTES:
                 bn, cap, warps, mode = Q4K_INT8_SMALL
             max_split = INT8_MAX_SPLIT[qt]
+            if qt == QT.Q4_K and mma:
+                return mma_config(n)
         elif qt == QT.Q4_K:
             bn, cap, warps, mode = Q4K_FLOAT if n >= Q4K_NARROW_BELOW else Q4K_FLOAT_NARROW
         else:
@@ -140,6 +162,15 @@ def decode_config(qtype, n: int, k: int, role: str = "") -> tuple[int, int, int,
     return bn, bb, warps, mode, split
 
 
+def mma_enabled(ctx) -> bool:
+    """Whether this load's q4_K int8 GEMVs run on tensor cores (CUDA, cc >= 8.0, ``MINFER_DECODE_MMA``
+    not "0")."""
+    if ctx is None or ctx.device.type != "cuda" or os.environ.get("MINFER_DECODE_MMA", "1") == "0":
+        return False
+    cc = ctx.compute_capability
+    return cc is not None and tuple(cc) >= (8, 0)
+
+
 def prepare(weight: Weight):
     """The data the GEMV reads: raw rows (q5_K) or the decode plane (built once)."""
     qt = QT(weight.qtype)
@@ -161,7 +192,7 @@ def fuses(config: tuple, bias) -> tuple[str, ...]:
     """What ``fn`` fuses besides the matmul (see the module docstring) under ``config``."""
     mode = config[3] if len(config) > 3 else 0
     out = () if bias is not None else ("residual",)
-    return out + (("rmsnorm", "swiglu") if mode == 2 else ("swiglu",))
+    return out + (("rmsnorm", "swiglu") if mode in (2, 3) else ("swiglu",))
 
 
 def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
@@ -183,7 +214,15 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     stages = rest[2] if len(rest) > 2 else 3  # Triton's num_stages (software pipelining of the loop)
     scratch = gemv_split.SplitScratch(n, bn, split)
     prefetch = prefetch_lines(n, k) if pdl else 0
-    if mode == 2:
+    if mode == 3:
+        if qt != QT.Q4_K:
+            raise ValueError(f"the tensor-core GEMV covers q4_K, not {qt.name}")
+        from . import gemv_q4mma  # Gluon: CUDA only
+
+        def run(x, res, norm, swiglu):
+            return gemv_q4mma.gemv_q4p_mma(x, data, bias, bn // (16 * warps), bb, warps, split, scratch, res, norm,
+                                           swiglu, pdl)
+    elif mode == 2:
         if qt not in (QT.Q4_K, QT.Q6_K):
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
         if qt == QT.Q6_K:
@@ -246,7 +285,7 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
     if qt not in SUPPORTED or weight.n_in % block:
         return []
     label = f"mmq.gemv.{qt.name.lower()}"
-    config = decode_config(qt, weight.n_out, weight.n_in, weight.role)
+    config = decode_config(qt, weight.n_out, weight.n_in, weight.role, mma_enabled(ctx))
     fused = fuses(config, weight.bias)
     pdl = pdl_enabled(ctx)
     raw = qt == QT.Q5_K  # the only type whose GEMV reads the GGUF bytes at run time

@@ -86,3 +86,26 @@ def test_ring_gemv_prologues_and_graph_replay(cfg):
         y.zero_()
         graph.replay()
         assert torch.equal(y, want)
+
+
+def test_decode_picks_the_tensor_core_gemv_on_cuda(make_ctx, monkeypatch):
+    """A q4_K weight on the int8 path runs MODE 3 under a CUDA load context (MODE 2 with
+    ``MINFER_DECODE_MMA=0``), with the same fused prologue and the oracle's answer."""
+    from minfer_core.dequant import dequantize
+    from minfer_mmq_triton import decode
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    n, k = 4608, 3584
+    w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
+    w.role = "qkv"
+    w64 = dequantize(w.raw, QT.Q4_K, k).double()
+    h = torch.randn(1, k, generator=gen, device="cuda") * 3
+    nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
+    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
+    for env, mode in (("1", 3), ("0", 2)):
+        monkeypatch.setenv("MINFER_DECODE_MMA", env)
+        ctx = make_ctx()
+        assert decode.decode_config(QT.Q4_K, n, k, "qkv", decode.mma_enabled(ctx))[3] == mode
+        (cand,) = decode.decode_candidates(w, ctx)
+        assert "rmsnorm" in cand.fuses and "swiglu" in cand.fuses
+        assert check(cand.fn(h, norm=(nw, eps)), normed, w64, None) < TOL_I8, env
