@@ -24,10 +24,11 @@ from test_decode_gemv import make_weight  # noqa: E402
 
 SHAPES = [(37888, 3584, "gate_up", "norm"), (3584, 18944, "down", "swiglu"), (4608, 3584, "qkv", "norm")]
 #: (spans, rows per thread, warps, stages, split)
-RING = [(4, 2, 4, 3, 1), (2, 2, 4, 4, 1)]
-#: (tiles, spans, warps)
-MMA = [(2, 2, 4), (1, 4, 4), (2, 4, 4), (4, 2, 4), (4, 1, 4), (2, 1, 4), (1, 2, 4), (1, 8, 4), (2, 2, 2),
-       (2, 2, 8), (1, 4, 2), (1, 2, 8), (1, 4, 8)]
+RING = [(2, 2, 4, 4, 1)]
+#: (tiles, spans, warps, lookahead, L2 prefetch distance in spans)
+MMA = [(1, 2, 4, 0, 0), (1, 2, 4, 1, 0), (1, 2, 4, 0, 4), (1, 2, 4, 0, 8), (1, 2, 4, 0, 16), (1, 2, 4, 1, 8),
+       (1, 4, 4, 0, 0), (1, 4, 4, 0, 8), (1, 4, 4, 0, 16), (1, 4, 4, 1, 8), (2, 2, 4, 0, 8), (1, 2, 2, 0, 8),
+       (1, 2, 8, 0, 8)]
 ROTATE = 256 << 20
 
 
@@ -54,7 +55,7 @@ def main() -> None:
         fns = [decode.make_gemv(QT.Q4_K, d, None, n, k, default, pdl=True) for d in datas]
         t = _graph_time([lambda f=f: f(x, **kw) for f in fns] * max(1, 8 // copies))
         rows.append((t, f"triton {default}"))
-        splits = [1] if n > 8192 else [2, 4, 8]
+        splits = [1] if n > 8192 else [4, 8]
         for s, r, warps, stages, _ in RING:
             for split in splits:
                 bn = gemv_q4ring.ring_rows(s, r, warps)
@@ -69,20 +70,21 @@ def main() -> None:
                           f"{str(e).splitlines()[0][:120]}", flush=True)
                     continue
                 rows.append((t, f"ring S={s} R={r} warps={warps} stages={stages} split={split} (BN {bn})"))
-        for tiles, s, warps in MMA:
+        for tiles, s, warps, ahead, pf in MMA:
             for split in splits:
                 bn = gemv_q4mma.mma_rows(tiles, warps)
                 try:
                     scr = [SplitScratch(n, bn, split) for _ in datas]
                     fns = [lambda d=d, sc=sc: gemv_q4mma.gemv_q4p_mma(x, d, None, tiles, s, warps, split, sc,
-                                                                       pdl=True, **kw)
+                                                                       pdl=True, lookahead=bool(ahead), prefetch=pf,
+                                                                       **kw)
                            for d, sc in zip(datas, scr)]
                     t = _graph_time(fns * max(1, 8 // copies))
                 except Exception as e:
-                    print(f"  mma {(tiles, s, warps, split)} failed {type(e).__name__}: "
+                    print(f"  mma {(tiles, s, warps, ahead, pf, split)} failed {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120]}", flush=True)
                     continue
-                rows.append((t, f"mma T={tiles} S={s} warps={warps} split={split} (BN {bn})"))
+                rows.append((t, f"mma T={tiles} S={s} warps={warps} ahead={ahead} pf={pf} split={split} (BN {bn})"))
         print(f"\n## q4_K {n}x{k} ({role}, {pro}, {nbytes / 2**20:.1f} MiB, {copies} copies)")
         for t, label in sorted(rows):
             print(f"  {t * 1e6:7.2f} us  {nbytes / t / 1e9:6.0f} GB/s  {label}", flush=True)

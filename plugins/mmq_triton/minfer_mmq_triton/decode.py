@@ -69,7 +69,7 @@ INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
 #: MODE 3 (``gemv_q4mma``): 64 rows a program (4 warps, one 16-row tile each), 2 spans a step for
 #: tall matrices (gate|up) and 4 otherwise, split-K until the grid has about MMA_PROGRAMS programs
-#: (at most 8 splits). From ``benchmarks/sweep_ring.py`` on the H200 (run 28).
+#: (at most 8 splits). From ``benchmarks/sweep_ring.py`` on the H200 (run 27b).
 MMA_ROWS, MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 64, 4, 16384, 512
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
 #: Rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one step covers the whole row (4 or 8

@@ -59,6 +59,12 @@ def _pdl_wait():
 
 
 @gluon.jit
+def _prefetch_l2(p):
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _span_sums(qa, qb, b0, b1):
     """Four MMAs over one span: ``[..., 4]`` words of rows g (``qa``) and g + 8 (``qb``), B registers
     ``b0`` / ``b1`` -> ``[..., 4]``: (row g: h, l; row g + 8: h, l) sums of the lane's sub-block."""
@@ -86,13 +92,43 @@ def _ax(n: gl.constexpr, axis: gl.constexpr, rank: gl.constexpr, layout: gl.cons
 
 
 @gluon.jit
+def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
+                asp, hsp, x_valid, x_run, xb_off, EVEN: gl.constexpr):
+    """Everything step ``t0`` (spans ``t0 .. t0 + S - 1``, none at or past ``hi`` unless EVEN) reads:
+    quant words of rows g / g + 8, scale words, x block scales and sums, the lane's x run."""
+    xb = xb_off + t0 * 4
+    if EVEN:
+        qa = gl.load(qw_ptr + qa_off + t0 * 16)
+        qb = gl.load(qw_ptr + qb_off + t0 * 16)
+        scw = gl.load(sc_ptr + sc_off + t0 * 2)
+        dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2)
+        xs = gl.load(xs_ptr + xb)
+        xa = gl.load(x16_ptr + 2 * xb) + gl.load(x16_ptr + 2 * xb + 1)
+        xv = gl.load(x_src + t0 * 32 + x_run, mask=x_valid, other=0)
+    else:
+        tm6 = (t0 + asp) < hi
+        tmh = (t0 + hsp) < hi
+        qa = gl.load(qw_ptr + qa_off + t0 * 16, mask=tm6, other=0)
+        qb = gl.load(qw_ptr + qb_off + t0 * 16, mask=tm6, other=0)
+        scw = gl.load(sc_ptr + sc_off + t0 * 2, mask=tmh, other=0)
+        dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2, mask=tmh, other=0)
+        xs = gl.load(xs_ptr + xb, mask=tmh, other=0.0)
+        xa = gl.load(x16_ptr + 2 * xb, mask=tmh, other=0.0) + gl.load(x16_ptr + 2 * xb + 1, mask=tmh, other=0.0)
+        xv = gl.load(x_src + t0 * 32 + x_run, mask=x_valid & tm6, other=0)
+    return qa, qb, scw, dmw, xs, xa, xv
+
+
+@gluon.jit
 def _gemv_q4p_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    PDL: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, PF: gl.constexpr, PDL: gl.constexpr,
 ):
-    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans."""
+    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans.
+    LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
+    PF: each lane asks L2 for a 128-byte line ``PF`` spans ahead (0: off): lanes c = 0, 1 the rows
+    g, g + 8 at span t0 + PF, lanes 2, 3 the line after, so a step covers 256 bytes of each row."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -101,6 +137,7 @@ def _gemv_q4p_mma_kernel(
     LH: gl.constexpr = gl.BlockedLayout([1, T, S, 1, 1, 2], [1, 1, 1, 8, 4, 1], [W, 1, 1, 1, 1, 1],
                                         [5, 4, 3, 2, 1, 0])
     LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, LH))  # [W, T, 8, 2]
+    LP: gl.constexpr = gl.BlockedLayout([1, T, 1], [1, 1, 32], [W, 1, 1], [2, 1, 0])  # [W, T, lane]
 
     pid = gl.program_id(0)
     s_id = gl.program_id(1)
@@ -133,32 +170,30 @@ def _gemv_q4p_mma_kernel(
     hi = gl.minimum(lo + per, NT)
     if PDL:
         _pdl_wait()
-    KW = NT * 32
-    xh_row = xh_ptr + xm * KW
-    xl_row = xl_ptr + xm * KW
+    x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
+    xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
+    pf_off = (gl.minimum(pid * BN + (_ax(W, 0, 3, LP) * T + _ax(T, 1, 3, LP)) * 16 + _ax(32, 2, 3, LP) // 4
+                         + 8 * (_ax(32, 2, 3, LP) % 2), N - 1).to(gl.int64) * (NT * 64)
+              + ((_ax(32, 2, 3, LP) % 4) // 2) * 128)  # [W, T, 32] byte offsets: lane (g, c)
+    qb8 = qw_ptr.to(gl.pointer_type(gl.int8), bitcast=True) + pf_off
     acc = gl.zeros([W, T, S, 8, 4, 2], gl.float32, layout=LH)
+    cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
+                      asp, hsp, x_valid, x_run, xb_off, EVEN)
     for t0 in range(lo, hi, S):
-        xb = xm * (NT * 4) + (t0 + hsp) * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c
-        if EVEN:
-            qa = gl.load(qw_ptr + qa_off + t0 * 16)
-            qb = gl.load(qw_ptr + qb_off + t0 * 16)
-            scw = gl.load(sc_ptr + sc_off + t0 * 2)
-            dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2)
-            xmask = x_valid
-            xs = gl.load(xs_ptr + xb)
-            xa = gl.load(x16_ptr + 2 * xb) + gl.load(x16_ptr + 2 * xb + 1)
+        if PF > 0:
+            _prefetch_l2(qb8 + gl.minimum(t0 + PF, NT - 2) * 64)
+        if LOOKAHEAD:  # the next step's loads go out before this step's arithmetic
+            t_next = t0 + S
+            if EVEN:
+                t_next = gl.minimum(t_next, hi - S)  # the last step re-reads itself (in bounds)
+            nxt = _step_loads(t_next, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
+                              dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
         else:
-            tm6 = (t0 + asp) < hi
-            tmh = (t0 + hsp) < hi
-            qa = gl.load(qw_ptr + qa_off + t0 * 16, mask=tm6, other=0)
-            qb = gl.load(qw_ptr + qb_off + t0 * 16, mask=tm6, other=0)
-            scw = gl.load(sc_ptr + sc_off + t0 * 2, mask=tmh, other=0)
-            dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2, mask=tmh, other=0)
-            xmask = x_valid & tm6
-            xs = gl.load(xs_ptr + xb, mask=tmh, other=0.0)
-            xa = gl.load(x16_ptr + 2 * xb, mask=tmh, other=0.0) + gl.load(x16_ptr + 2 * xb + 1, mask=tmh, other=0.0)
-        xo = t0 * 32 + x_run
-        xv = gl.where(digit_h, gl.load(xh_row + xo, mask=xmask, other=0), gl.load(xl_row + xo, mask=xmask, other=0))
+            nxt = cur
+        if not LOOKAHEAD:
+            cur = _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
+                              dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
+        qa, qb, scw, dmw, xs, xa, xv = cur
         b0 = gl.where(low_col, xv, 0)
         b1 = gl.where(low_col, 0, xv)
         sums = _span_sums(qa, qb, b0, b1)  # [W, T, S, 8, 4, 4]: row g (h, l), row g + 8 (h, l)
@@ -169,6 +204,7 @@ def _gemv_q4p_mma_kernel(
         sc = ((scw >> sc_shift) & 0xFF).to(gl.float32)
         mn = ((scw >> (sc_shift + 8)) & 0xFF).to(gl.float32)
         acc += (d * sc) * (v * (xs * hi_sub)) - (dmin * mn) * xa
+        cur = nxt
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = pid * BN + (_ax(W, 0, 4, LY) * T + _ax(T, 1, 4, LY)) * 16 + _ax(8, 2, 4, LY) + 8 * _ax(2, 3, 4, LY)
     rmask = rows < N
@@ -199,7 +235,7 @@ def mma_rows(tiles: int, num_warps: int) -> int:
 
 def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False) -> torch.Tensor:
+                 pdl: bool = False, lookahead: bool = True, prefetch: int = 0) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (the contract of ``gemv_q4plane.gemv_q4p`` with
     ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``."""
     n, half_k = plane.qs.shape
@@ -215,6 +251,7 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
     _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](
         xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
         n, nt, y.stride(0), sbm, scratch.n_blocks,
-        HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, PDL=pdl,
+        HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
+        PF=prefetch, PDL=pdl,
         num_warps=num_warps, **extra)
     return y

@@ -15,8 +15,8 @@ from test_decode_gemv import TOL_I8, check, make_weight, oracle_dense
 pytestmark = pytest.mark.cuda
 
 #: ("ring", spans, rows per thread, warps, stages) / ("mma", tiles, spans, warps)
-CONFIGS = [("ring", 4, 1, 4, 4), ("ring", 2, 2, 4, 4), ("mma", 2, 2, 4), ("mma", 1, 4, 4), ("mma", 4, 1, 4),
-           ("mma", 1, 2, 2)]
+CONFIGS = [("ring", 4, 1, 4, 4), ("ring", 2, 2, 4, 4), ("mma", 2, 2, 4, 1, 0), ("mma", 1, 4, 4, 0, 8),
+           ("mma", 4, 1, 4, 1, 4), ("mma", 1, 2, 2, 0, 0)]
 
 
 def _ring(w, cfg, split):
@@ -31,11 +31,12 @@ def _ring(w, cfg, split):
         def fn(x, **kw):
             return gemv_q4ring.gemv_q4p_ring(x, plane, w.bias, s, r, warps, stages, split, scratch, pdl=True, **kw)
     else:
-        _, t, s, warps = cfg
+        _, t, s, warps, ahead, pf = cfg
         scratch = SplitScratch(w.n_out, gemv_q4mma.mma_rows(t, warps), split)
 
         def fn(x, **kw):
-            return gemv_q4mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, **kw)
+            return gemv_q4mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True,
+                                           lookahead=bool(ahead), prefetch=pf, **kw)
 
     fn.scratch = scratch
     return fn
@@ -63,7 +64,7 @@ def test_ring_gemv_matches_gguf(n, k, split, bias):
             assert int(fn.scratch.get(3, "cuda")[1].abs().sum()) == 0
 
 
-@pytest.mark.parametrize("cfg", [("ring", 4, 1, 4, 4), ("mma", 2, 2, 4)], ids=str)
+@pytest.mark.parametrize("cfg", [("ring", 4, 1, 4, 4), ("mma", 2, 2, 4, 1, 8)], ids=str)
 def test_ring_gemv_prologues_and_graph_replay(cfg):
     gen = torch.Generator(device="cuda").manual_seed(3)
     n, k = 300, 2048
