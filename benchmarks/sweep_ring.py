@@ -32,8 +32,56 @@ MMA = [(1, 2, 4, 0, 0), (1, 2, 4, 1, 0), (1, 2, 4, 0, 4), (1, 2, 4, 0, 8), (1, 2
 ROTATE = 256 << 20
 
 
+#: q6_K: (N, K, role, prologue), configs (tiles, blocks a step, warps)
+Q6_SHAPES = [(3584, 18944, "down", "swiglu"), (152064, 3584, "output", "norm")]
+Q6_MMA = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 1, 2), (1, 1, 8), (2, 2, 4), (1, 4, 4)]
+
+
+def sweep_q6() -> None:
+    from minfer_mmq_triton import decode, gemv_mma
+    from minfer_mmq_triton.gemv_split import SplitScratch
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for n, k, role, pro in Q6_SHAPES:
+        w0 = make_weight(QT.Q6_K, n, k, gen, device="cuda")
+        nbytes = w0.raw.numel()
+        copies = max(2, min(16, -(-ROTATE // nbytes)))
+        ws = [w0] + [make_weight(QT.Q6_K, n, k, gen, device="cuda") for _ in range(copies - 1)]
+        datas = [decode.prepare(w) for w in ws]
+        for w in ws:
+            w.raw = None
+        torch.cuda.empty_cache()
+        x = torch.randn(1, 2 * k if pro == "swiglu" else k, generator=gen, device="cuda")
+        res = torch.randn(1, n, generator=gen, device="cuda")
+        kw = {"norm": (torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6)} if pro == "norm" else \
+            {"swiglu": True, "residual": res}
+        default = decode.decode_config(QT.Q6_K, n, k, role)
+        fns = [decode.make_gemv(QT.Q6_K, d, None, n, k, default, pdl=True) for d in datas]
+        rows = [(_graph_time([lambda f=f: f(x, **kw) for f in fns] * max(1, 8 // copies)), f"triton {default}")]
+        for tiles, s, warps in Q6_MMA:
+            for split in ([1] if n > 16384 else [2, 4, 8]):
+                bn = gemv_mma.mma_rows(tiles, warps)
+                try:
+                    scr = [SplitScratch(n, bn, split) for _ in datas]
+                    fns = [lambda d=d, sc=sc: gemv_mma.gemv_q6k_mma(x, d, None, tiles, s, warps, split, sc, pdl=True,
+                                                                      **kw) for d, sc in zip(datas, scr)]
+                    t = _graph_time(fns * max(1, 8 // copies))
+                except Exception as e:
+                    print(f"  q6 mma {(tiles, s, warps, split)} failed {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120]}", flush=True)
+                    continue
+                rows.append((t, f"mma T={tiles} S={s} warps={warps} split={split} (BN {bn})"))
+        print(f"\n## q6_K {n}x{k} ({role}, {pro}, {nbytes / 2**20:.1f} MiB, {copies} copies)")
+        for t, label in sorted(rows):
+            print(f"  {t * 1e6:7.2f} us  {nbytes / t / 1e9:6.0f} GB/s  {label}", flush=True)
+        del ws, datas, fns
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
-    from minfer_mmq_triton import decode, gemv_q4mma, gemv_q4ring
+    if "--q6" in sys.argv:
+        return sweep_q6()
+    from minfer_mmq_triton import decode, gemv_mma, gemv_q4ring
     from minfer_mmq_triton.gemv_split import SplitScratch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -72,10 +120,10 @@ def main() -> None:
                 rows.append((t, f"ring S={s} R={r} warps={warps} stages={stages} split={split} (BN {bn})"))
         for tiles, s, warps, ahead, pf in MMA:
             for split in splits:
-                bn = gemv_q4mma.mma_rows(tiles, warps)
+                bn = gemv_mma.mma_rows(tiles, warps)
                 try:
                     scr = [SplitScratch(n, bn, split) for _ in datas]
-                    fns = [lambda d=d, sc=sc: gemv_q4mma.gemv_q4p_mma(x, d, None, tiles, s, warps, split, sc,
+                    fns = [lambda d=d, sc=sc: gemv_mma.gemv_q4p_mma(x, d, None, tiles, s, warps, split, sc,
                                                                        pdl=True, lookahead=bool(ahead), prefetch=pf,
                                                                        **kw)
                            for d, sc in zip(datas, scr)]

@@ -25,7 +25,7 @@ by the kernel that quantizes x (int8) or as the float kernels load x (``gemv_pro
 int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizing kernel.
 
 On CUDA (compute capability 8.0+) the q4_K weights that take the int8 path run on tensor cores
-instead (``gemv_q4mma``, MODE 3: same two-digit x, same exact integer sub-block sums; H200, run 28:
+instead (``gemv_mma``, MODE 3: same two-digit x, same exact integer sub-block sums; H200, run 28:
 the 7B's q4_K ffn_down 23.7 -> 17.7 us, qkv 10.0 -> 8.8 us); ``MINFER_DECODE_MMA=0`` keeps the dp4a
 kernel (A/B runs, debugging), read once per load like ``MINFER_PDL``.
 
@@ -67,10 +67,12 @@ Q4K_FLOAT, Q4K_FLOAT_NARROW, Q4K_FLOAT_SPLIT, Q4K_NARROW_BELOW = (8, 4, 4, 0), (
 Q4K_INT8_LONG, Q4K_INT8_SMALL = (16, 2, 2, 2), (8, 16, 4, 2)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
-#: MODE 3 (``gemv_q4mma``): 64 rows a program (4 warps, one 16-row tile each), 2 spans a step for
-#: tall matrices (gate|up) and 4 otherwise, split-K until the grid has about MMA_PROGRAMS programs
-#: (at most 8 splits). From ``benchmarks/sweep_ring.py`` on the H200 (run 27b).
-MMA_ROWS, MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 64, 4, 16384, 512
+#: MODE 3 (``gemv_mma``): 64 rows a program (4 warps, one 16-row tile each); tall matrices (gate|up)
+#: take 2 spans a step with the next step requested before each step's arithmetic, the others 4
+#: spans a step split until the grid has about MMA_PROGRAMS programs (at most 8 splits). From
+#: ``benchmarks/sweep_ring.py`` on the H200 (run 29: gate|up 25.6 us against 36.8 for the dp4a kernel,
+#: q4_K ffn_down 17.2 against 23.5, qkv 8.2 against 10.0, each with its quantizing launch).
+MMA_ROWS, MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 64, 4, 16384, 640
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
 #: Rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one step covers the whole row (4 or 8
 #: rows a program), so no program waits for memory twice. Under PDL on the H200 the 0.5B's shapes
@@ -112,17 +114,19 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
 INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
 
 
-def mma_config(n: int) -> tuple[int, int, int, int, int]:
-    """MODE 3's ``(BN, spans, num_warps, 3, SPLIT)`` for a q4_K weight of ``n`` rows."""
+def mma_config(n: int) -> tuple[int, ...]:
+    """MODE 3's ``(BN, spans, num_warps, 3, SPLIT, LOOKAHEAD)`` for a q4_K weight of ``n`` rows."""
+    if n >= MMA_TALL:
+        return MMA_ROWS, 2, MMA_WARPS, 3, 1, 1
     split, blocks = 1, -(-n // MMA_ROWS)
     while split < 8 and blocks * split * 2 <= MMA_PROGRAMS:
         split *= 2
-    return MMA_ROWS, 2 if n >= MMA_TALL else 4, MMA_WARPS, 3, split
+    return MMA_ROWS, 4, MMA_WARPS, 3, split, 0
 
 
-def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> tuple[int, int, int, int, int]:
+def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> tuple[int, ...]:
     """``(BN, BB, num_warps, MODE, SPLIT)`` for a weight of ``n`` rows and ``k`` columns; ``mma``: the
-    tensor-core GEMV is available (see :func:`mma_enabled`)."""
+    tensor-core GEMV is available (see :func:`mma_enabled`; its configs add LOOKAHEAD)."""
     from minfer_core.quants import info
 
     qt = QT(qtype)
@@ -202,7 +206,8 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves.
     ``pdl``: launch with programmatic dependent launch (``pdl``; CUDA, compute capability 9.0+).
 
-    ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])``, default :func:`decode_config`."""
+    ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])`` (MODE 3: LOOKAHEAD in place of
+    STAGES), default :func:`decode_config`."""
     from . import gemv_kquant, gemv_legacy, gemv_q4plane, gemv_q8dot, gemv_split  # kernels load lazily
 
     qt = QT(qtype)
@@ -217,11 +222,11 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     if mode == 3:
         if qt != QT.Q4_K:
             raise ValueError(f"the tensor-core GEMV covers q4_K, not {qt.name}")
-        from . import gemv_q4mma  # Gluon: CUDA only
+        from . import gemv_mma  # Gluon: CUDA only
 
         def run(x, res, norm, swiglu):
-            return gemv_q4mma.gemv_q4p_mma(x, data, bias, bn // (16 * warps), bb, warps, split, scratch, res, norm,
-                                           swiglu, pdl)
+            return gemv_mma.gemv_q4p_mma(x, data, bias, bn // (16 * warps), bb, warps, split, scratch, res, norm,
+                                           swiglu, pdl, lookahead=bool(rest[2]) if len(rest) > 2 else False)
     elif mode == 2:
         if qt not in (QT.Q4_K, QT.Q6_K):
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")

@@ -1,5 +1,5 @@
 """The Gluon q4_K int8 GEMVs (GPU only): the shared-memory ring of async copies (``gemv_q4ring``)
-and the tensor-core one (``gemv_q4mma``), against gguf's dequantized weights, at the 7B's shapes and at small shapes with partial
+and the tensor-core one (``gemv_mma``), against gguf's dequantized weights, at the 7B's shapes and at small shapes with partial
 steps, uneven splits, bias, residual and the fused prologues; replayed in a CUDA graph.
 
 Tolerance as ``test_decode_gemv.TOL_I8`` (x carried as two int8 digits)."""
@@ -20,7 +20,7 @@ CONFIGS = [("ring", 4, 1, 4, 4), ("ring", 2, 2, 4, 4), ("mma", 2, 2, 4, 1, 0), (
 
 
 def _ring(w, cfg, split):
-    from minfer_mmq_triton import decode, gemv_q4mma, gemv_q4ring
+    from minfer_mmq_triton import decode, gemv_mma, gemv_q4ring
     from minfer_mmq_triton.gemv_split import SplitScratch
 
     plane = decode.prepare(w)
@@ -32,10 +32,10 @@ def _ring(w, cfg, split):
             return gemv_q4ring.gemv_q4p_ring(x, plane, w.bias, s, r, warps, stages, split, scratch, pdl=True, **kw)
     else:
         _, t, s, warps, ahead, pf = cfg
-        scratch = SplitScratch(w.n_out, gemv_q4mma.mma_rows(t, warps), split)
+        scratch = SplitScratch(w.n_out, gemv_mma.mma_rows(t, warps), split)
 
         def fn(x, **kw):
-            return gemv_q4mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True,
+            return gemv_mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True,
                                            lookahead=bool(ahead), prefetch=pf, **kw)
 
     fn.scratch = scratch
@@ -110,3 +110,30 @@ def test_decode_picks_the_tensor_core_gemv_on_cuda(make_ctx, monkeypatch):
         (cand,) = decode.decode_candidates(w, ctx)
         assert "rmsnorm" in cand.fuses and "swiglu" in cand.fuses
         assert check(cand.fn(h, norm=(nw, eps)), normed, w64, None) < TOL_I8, env
+
+
+#: q6_K MMA configs (tiles, blocks a step, warps)
+Q6_CONFIGS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 2, 2)]
+
+
+@pytest.mark.parametrize("n,k,split,bias", [(21, 1280, 3, True), (40, 2816, 1, False), (3584, 18944, 4, False),
+                                            (30000, 3584, 1, False)], ids=str)
+def test_q6k_mma_gemv_matches_gguf(n, k, split, bias):
+    from minfer_core.dequant import dequantize
+    from minfer_mmq_triton import decode, gemv_mma
+    from minfer_mmq_triton.gemv_split import SplitScratch
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k + split + 1)
+    w = make_weight(QT.Q6_K, n, k, gen, bias=bias, device="cuda")
+    w64 = oracle_dense(w.raw, QT.Q6_K).cuda() if n * k < 1e6 else dequantize(w.raw, QT.Q6_K, k).double()
+    plane = decode.prepare(w)
+    for t, s, warps in Q6_CONFIGS:
+        scratch = SplitScratch(n, gemv_mma.mma_rows(t, warps), split)
+        for m in (1, 3):
+            x = torch.randn(m, k, generator=gen, device="cuda") * 2
+            x[:, 5] = 30.0
+            y = gemv_mma.gemv_q6k_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True)
+            err = check(y, x, w64, w.bias)
+            assert err < TOL_I8, f"{n}x{k} split {split} M={m} {(t, s, warps)}: {err:.2e}"
+        if split > 1:
+            assert int(scratch.get(3, "cuda")[1].abs().sum()) == 0
