@@ -24,10 +24,12 @@ bias adds ``residual=`` in its epilogue; every GEMV takes ``swiglu=True`` (x is 
 by the kernel that quantizes x (int8) or as the float kernels load x (``gemv_prologue``); the
 int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizing kernel.
 
-On CUDA (compute capability 8.0+) the q4_K weights that take the int8 path run on tensor cores
-instead (``gemv_mma``, MODE 3: same two-digit x, same exact integer sub-block sums; H200, run 28:
-the 7B's q4_K ffn_down 23.7 -> 17.7 us, qkv 10.0 -> 8.8 us); ``MINFER_DECODE_MMA=0`` keeps the dp4a
-kernel (A/B runs, debugging), read once per load like ``MINFER_PDL``.
+On CUDA (compute capability 8.0+) the q4_K and q6_K weights that take the int8 path run on tensor
+cores instead (``gemv_mma``, MODE 3: same two-digit x, same exact integer sub-block sums; H200, runs
+29-30: the 7B's gate|up 36.8 -> 25.6 us, q4_K ffn_down 23.5 -> 17.2 us, qkv 10.0 -> 8.2 us, q6_K
+ffn_down 27.5 -> 26.4 us, output head 143.6 -> 140.6 us; tg128 377 -> 445 tok/s);
+``MINFER_DECODE_MMA=0`` keeps the dp4a kernels (A/B runs, debugging), read once per load like
+``MINFER_PDL``.
 
 On compute capability 9.0+ the kernels launch with programmatic dependent launch (``pdl``), decided
 once per load from the load context (``MINFER_PDL=0`` turns it off); it changes when a kernel starts,
@@ -67,12 +69,12 @@ Q4K_FLOAT, Q4K_FLOAT_NARROW, Q4K_FLOAT_SPLIT, Q4K_NARROW_BELOW = (8, 4, 4, 0), (
 Q4K_INT8_LONG, Q4K_INT8_SMALL = (16, 2, 2, 2), (8, 16, 4, 2)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot products save
-#: MODE 3 (``gemv_mma``): 64 rows a program (4 warps, one 16-row tile each); tall matrices (gate|up)
-#: take 2 spans a step with the next step requested before each step's arithmetic, the others 4
-#: spans a step split until the grid has about MMA_PROGRAMS programs (at most 8 splits). From
-#: ``benchmarks/sweep_ring.py`` on the H200 (run 29: gate|up 25.6 us against 36.8 for the dp4a kernel,
-#: q4_K ffn_down 17.2 against 23.5, qkv 8.2 against 10.0, each with its quantizing launch).
-MMA_ROWS, MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 64, 4, 16384, 640
+#: MODE 3 (``gemv_mma``): 4 warps a program, each one 16-row tile (q6_K ffn_down: two); tall matrices
+#: (gate|up, the output head) take 2 spans / blocks a step (q4_K gate|up with the next step requested
+#: before each step's arithmetic), the others q4_K 4 spans, q6_K 2 blocks, split-K until the grid has
+#: about MMA_PROGRAMS programs (at most 8 splits). From ``benchmarks/sweep_ring.py`` on the H200
+#: (run 29 q4_K, run 30 ``--q6``).
+MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 4, 16384, 640
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
 #: Rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one step covers the whole row (4 or 8
 #: rows a program), so no program waits for memory twice. Under PDL on the H200 the 0.5B's shapes
@@ -114,14 +116,16 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
 INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
 
 
-def mma_config(n: int) -> tuple[int, ...]:
-    """MODE 3's ``(BN, spans, num_warps, 3, SPLIT, LOOKAHEAD)`` for a q4_K weight of ``n`` rows."""
+def mma_config(qt, n: int) -> tuple[int, ...]:
+    """MODE 3's ``(BN, BB, num_warps, 3, SPLIT, LOOKAHEAD)`` for a q4_K (BB: spans) or q6_K (BB:
+    blocks) weight of ``n`` rows."""
     if n >= MMA_TALL:
-        return MMA_ROWS, 2, MMA_WARPS, 3, 1, 1
-    split, blocks = 1, -(-n // MMA_ROWS)
+        return 16 * MMA_WARPS, 2, MMA_WARPS, 3, 1, int(qt == QT.Q4_K)
+    bn = 16 * MMA_WARPS * (2 if qt == QT.Q6_K else 1)
+    split, blocks = 1, -(-n // bn)
     while split < 8 and blocks * split * 2 <= MMA_PROGRAMS:
         split *= 2
-    return MMA_ROWS, 4, MMA_WARPS, 3, split, 0
+    return bn, 4 if qt == QT.Q4_K else 2, MMA_WARPS, 3, split, 0
 
 
 def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> tuple[int, ...]:
@@ -141,8 +145,8 @@ def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> t
             elif qt == QT.Q4_K and nbytes < INT8_MIN_BYTES:
                 bn, cap, warps, mode = Q4K_INT8_SMALL
             max_split = INT8_MAX_SPLIT[qt]
-            if qt == QT.Q4_K and mma:
-                return mma_config(n)
+            if mma:
+                return mma_config(qt, n)
         elif qt == QT.Q4_K:
             bn, cap, warps, mode = Q4K_FLOAT if n >= Q4K_NARROW_BELOW else Q4K_FLOAT_NARROW
         else:
@@ -220,13 +224,18 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     scratch = gemv_split.SplitScratch(n, bn, split)
     prefetch = prefetch_lines(n, k) if pdl else 0
     if mode == 3:
-        if qt != QT.Q4_K:
-            raise ValueError(f"the tensor-core GEMV covers q4_K, not {qt.name}")
+        if qt not in (QT.Q4_K, QT.Q6_K):
+            raise ValueError(f"the tensor-core GEMV covers q4_K and q6_K, not {qt.name}")
         from . import gemv_mma  # Gluon: CUDA only
 
-        def run(x, res, norm, swiglu):
-            return gemv_mma.gemv_q4p_mma(x, data, bias, bn // (16 * warps), bb, warps, split, scratch, res, norm,
-                                           swiglu, pdl, lookahead=bool(rest[2]) if len(rest) > 2 else False)
+        tiles = bn // (16 * warps)
+        if qt == QT.Q4_K:
+            def run(x, res, norm, swiglu):
+                return gemv_mma.gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
+                                             lookahead=bool(rest[2]) if len(rest) > 2 else False)
+        else:
+            def run(x, res, norm, swiglu):
+                return gemv_mma.gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl)
     elif mode == 2:
         if qt not in (QT.Q4_K, QT.Q6_K):
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")

@@ -89,27 +89,37 @@ def test_ring_gemv_prologues_and_graph_replay(cfg):
         assert torch.equal(y, want)
 
 
-def test_decode_picks_the_tensor_core_gemv_on_cuda(make_ctx, monkeypatch):
-    """A q4_K weight on the int8 path runs MODE 3 under a CUDA load context (MODE 2 with
+@pytest.mark.parametrize("qtype,n,k,role", [(QT.Q4_K, 4608, 3584, "qkv"), (QT.Q4_K, 37888, 3584, "gate_up"),
+                                            (QT.Q6_K, 3584, 18944, "down")], ids=str)
+def test_decode_picks_the_tensor_core_gemv_on_cuda(make_ctx, monkeypatch, qtype, n, k, role):
+    """A q4_K / q6_K weight on the int8 path runs MODE 3 under a CUDA load context (MODE 2 with
     ``MINFER_DECODE_MMA=0``), with the same fused prologue and the oracle's answer."""
     from minfer_core.dequant import dequantize
     from minfer_mmq_triton import decode
 
     gen = torch.Generator(device="cuda").manual_seed(4)
-    n, k = 4608, 3584
-    w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
-    w.role = "qkv"
-    w64 = dequantize(w.raw, QT.Q4_K, k).double()
-    h = torch.randn(1, k, generator=gen, device="cuda") * 3
-    nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
-    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
+    w = make_weight(qtype, n, k, gen, device="cuda")
+    w.role = role
+    w64 = dequantize(w.raw, qtype, k).double()
+    if role == "down":  # SwiGLU of [g | u] and a residual, as the decode step calls it
+        gu = torch.randn(1, 2 * k, generator=gen, device="cuda") * 2
+        g, u = gu.double().chunk(2, dim=-1)
+        res = torch.randn(1, n, generator=gen, device="cuda")
+        args, kw, act = gu, {"swiglu": True, "residual": res}, (g * torch.sigmoid(g) * u).float()
+    else:  # RMSNorm fused into the quantizer
+        h = torch.randn(1, k, generator=gen, device="cuda") * 3
+        nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
+        res = None
+        args, kw = h, {"norm": (nw, eps)}
+        act = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
     for env, mode in (("1", 3), ("0", 2)):
         monkeypatch.setenv("MINFER_DECODE_MMA", env)
         ctx = make_ctx()
-        assert decode.decode_config(QT.Q4_K, n, k, "qkv", decode.mma_enabled(ctx))[3] == mode
+        assert decode.decode_config(qtype, n, k, role, decode.mma_enabled(ctx))[3] == mode
         (cand,) = decode.decode_candidates(w, ctx)
-        assert "rmsnorm" in cand.fuses and "swiglu" in cand.fuses
-        assert check(cand.fn(h, norm=(nw, eps)), normed, w64, None) < TOL_I8, env
+        assert "rmsnorm" in cand.fuses and "swiglu" in cand.fuses and "residual" in cand.fuses
+        y = cand.fn(args, **kw)
+        assert check(y if res is None else y - res, act, w64, None) < TOL_I8, env
 
 
 #: q6_K MMA configs (tiles, blocks a step, warps)
