@@ -1,7 +1,7 @@
 """The q4_K and q6_K int8 decode GEMVs on tensor cores: ``mma.sync`` (m16n8k32, u8 x s8 -> s32) with
 16 weight rows as A and the activation's two int8 digits as B, one B column per (sub-block, digit).
 
-Why: the dp4a kernels (``gemv_q4plane``, ``gemv_q4ring``) spend ~4.5-7.5 instructions per weight
+Why: the dp4a kernels (``gemv_q4plane``, ``gemv_q8dot``) spend ~4.5-7.5 instructions per weight
 byte (unpacking, per-word integer sums, their reduction), enough to keep the 7B's gate|up and
 ffn_down GEMVs near 2.2 TB/s. One m16n8k32 instruction does the work of 128 dp4a lanes.
 
@@ -65,12 +65,6 @@ _MMA4_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 def _pdl_wait():
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_l2(p):
-    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [p], dtype=gl.int32,
                               is_pure=False, pack=1)
 
 
@@ -159,12 +153,10 @@ def _gemv_q4p_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, PF: gl.constexpr, PDL: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans.
-    LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
-    PF: each lane asks L2 for a 128-byte line ``PF`` spans ahead (0: off): lanes c = 0, 1 the rows
-    g, g + 8 at span t0 + PF, lanes 2, 3 the line after, so a step covers 256 bytes of each row."""
+    LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -173,7 +165,6 @@ def _gemv_q4p_mma_kernel(
     LH: gl.constexpr = gl.BlockedLayout([1, T, S, 1, 1, 2], [1, 1, 1, 8, 4, 1], [W, 1, 1, 1, 1, 1],
                                         [5, 4, 3, 2, 1, 0])
     LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, LH))  # [W, T, 8, 2]
-    LP: gl.constexpr = gl.BlockedLayout([1, T, 1], [1, 1, 32], [W, 1, 1], [2, 1, 0])  # [W, T, lane]
 
     pid = gl.program_id(0)
     s_id = gl.program_id(1)
@@ -208,16 +199,10 @@ def _gemv_q4p_mma_kernel(
         _pdl_wait()
     x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
     xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
-    pf_off = (gl.minimum(pid * BN + (_ax(W, 0, 3, LP) * T + _ax(T, 1, 3, LP)) * 16 + _ax(32, 2, 3, LP) // 4
-                         + 8 * (_ax(32, 2, 3, LP) % 2), N - 1).to(gl.int64) * (NT * 64)
-              + ((_ax(32, 2, 3, LP) % 4) // 2) * 128)  # [W, T, 32] byte offsets: lane (g, c)
-    qb8 = qw_ptr.to(gl.pointer_type(gl.int8), bitcast=True) + pf_off
     acc = gl.zeros([W, T, S, 8, 4, 2], gl.float32, layout=LH)
     cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
                       asp, hsp, x_valid, x_run, xb_off, EVEN)
     for t0 in range(lo, hi, S):
-        if PF > 0:
-            _prefetch_l2(qb8 + gl.minimum(t0 + PF, NT - 2) * 64)
         if LOOKAHEAD:  # the next step's loads go out before this step's arithmetic
             t_next = t0 + S
             if EVEN:
@@ -253,7 +238,7 @@ def mma_rows(tiles: int, num_warps: int) -> int:
 
 def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False, lookahead: bool = True, prefetch: int = 0) -> torch.Tensor:
+                 pdl: bool = False, lookahead: bool = False) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (the contract of ``gemv_q4plane.gemv_q4p`` with
     ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``."""
     n, half_k = plane.qs.shape
@@ -270,7 +255,7 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
         xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
         n, nt, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
-        PF=prefetch, PDL=pdl,
+        PDL=pdl,
         num_warps=num_warps, **extra)
     return y
 

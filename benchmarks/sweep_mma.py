@@ -1,7 +1,7 @@
-"""The 7B's q4_K int8 decode GEMVs: the Triton kernel (``gemv_q4plane``) against the Gluon ring
-kernel (``gemv_q4ring``) over a grid of configs (GPU).
+"""The 7B's int8 decode GEMVs: the dp4a Triton kernels (``gemv_q4plane``, ``gemv_q8dot``) against
+the tensor-core ones (``gemv_mma``) over a grid of configs (GPU).
 
-    python benchmarks/sweep_ring.py
+    python benchmarks/sweep_mma.py [--q6]
 
 Each config runs as a chain of calls over rotating weight copies in one CUDA graph, launched with
 PDL and with the prologue the model uses (RMSNorm for qkv and gate|up, SwiGLU + residual for
@@ -23,12 +23,8 @@ from test_decode_bench import _graph_time  # noqa: E402
 from test_decode_gemv import make_weight  # noqa: E402
 
 SHAPES = [(37888, 3584, "gate_up", "norm"), (3584, 18944, "down", "swiglu"), (4608, 3584, "qkv", "norm")]
-#: (spans, rows per thread, warps, stages, split)
-RING = [(2, 2, 4, 4, 1)]
-#: (tiles, spans, warps, lookahead, L2 prefetch distance in spans)
-MMA = [(1, 2, 4, 0, 0), (1, 2, 4, 1, 0), (1, 2, 4, 0, 4), (1, 2, 4, 0, 8), (1, 2, 4, 0, 16), (1, 2, 4, 1, 8),
-       (1, 4, 4, 0, 0), (1, 4, 4, 0, 8), (1, 4, 4, 0, 16), (1, 4, 4, 1, 8), (2, 2, 4, 0, 8), (1, 2, 2, 0, 8),
-       (1, 2, 8, 0, 8)]
+#: q4_K: (tiles, spans, warps, lookahead)
+MMA = [(1, 2, 4, 0), (1, 2, 4, 1), (1, 4, 4, 0), (1, 4, 4, 1), (2, 2, 4, 1), (1, 2, 2, 1), (1, 2, 8, 1)]
 ROTATE = 256 << 20
 
 
@@ -81,7 +77,7 @@ def sweep_q6() -> None:
 def main() -> None:
     if "--q6" in sys.argv:
         return sweep_q6()
-    from minfer_mmq_triton import decode, gemv_mma, gemv_q4ring
+    from minfer_mmq_triton import decode, gemv_mma
     from minfer_mmq_triton.gemv_split import SplitScratch
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -104,35 +100,20 @@ def main() -> None:
         t = _graph_time([lambda f=f: f(x, **kw) for f in fns] * max(1, 8 // copies))
         rows.append((t, f"triton {default}"))
         splits = [1] if n > 8192 else [4, 8]
-        for s, r, warps, stages, _ in RING:
-            for split in splits:
-                bn = gemv_q4ring.ring_rows(s, r, warps)
-                try:
-                    scr = [SplitScratch(n, bn, split) for _ in datas]
-                    fns = [lambda d=d, sc=sc: gemv_q4ring.gemv_q4p_ring(x, d, None, s, r, warps, stages, split, sc,
-                                                                         pdl=True, **kw)
-                           for d, sc in zip(datas, scr)]
-                    t = _graph_time(fns * max(1, 8 // copies))
-                except Exception as e:  # a config the compiler rejects: report and go on
-                    print(f"  ring {(s, r, warps, stages, split)} failed {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:120]}", flush=True)
-                    continue
-                rows.append((t, f"ring S={s} R={r} warps={warps} stages={stages} split={split} (BN {bn})"))
-        for tiles, s, warps, ahead, pf in MMA:
+        for tiles, s, warps, ahead in MMA:
             for split in splits:
                 bn = gemv_mma.mma_rows(tiles, warps)
                 try:
                     scr = [SplitScratch(n, bn, split) for _ in datas]
                     fns = [lambda d=d, sc=sc: gemv_mma.gemv_q4p_mma(x, d, None, tiles, s, warps, split, sc,
-                                                                       pdl=True, lookahead=bool(ahead), prefetch=pf,
-                                                                       **kw)
+                                                                       pdl=True, lookahead=bool(ahead), **kw)
                            for d, sc in zip(datas, scr)]
                     t = _graph_time(fns * max(1, 8 // copies))
                 except Exception as e:
-                    print(f"  mma {(tiles, s, warps, ahead, pf, split)} failed {type(e).__name__}: "
+                    print(f"  mma {(tiles, s, warps, ahead, split)} failed {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120]}", flush=True)
                     continue
-                rows.append((t, f"mma T={tiles} S={s} warps={warps} ahead={ahead} pf={pf} split={split} (BN {bn})"))
+                rows.append((t, f"mma T={tiles} S={s} warps={warps} ahead={ahead} split={split} (BN {bn})"))
         print(f"\n## q4_K {n}x{k} ({role}, {pro}, {nbytes / 2**20:.1f} MiB, {copies} copies)")
         for t, label in sorted(rows):
             print(f"  {t * 1e6:7.2f} us  {nbytes / t / 1e9:6.0f} GB/s  {label}", flush=True)

@@ -1,6 +1,6 @@
-"""The Gluon q4_K int8 GEMVs (GPU only): the shared-memory ring of async copies (``gemv_q4ring``)
-and the tensor-core one (``gemv_mma``), against gguf's dequantized weights, at the 7B's shapes and at small shapes with partial
-steps, uneven splits, bias, residual and the fused prologues; replayed in a CUDA graph.
+"""The tensor-core q4_K / q6_K int8 GEMVs (``gemv_mma``; Gluon, GPU only) against gguf's dequantized
+weights, at the 7B's shapes and at small shapes with partial steps, uneven splits, bias, residual and
+the fused prologues; replayed in a CUDA graph; chosen by ``decode`` under a CUDA load context.
 
 Tolerance as ``test_decode_gemv.TOL_I8`` (x carried as two int8 digits)."""
 
@@ -14,29 +14,21 @@ from test_decode_gemv import TOL_I8, check, make_weight, oracle_dense
 
 pytestmark = pytest.mark.cuda
 
-#: ("ring", spans, rows per thread, warps, stages) / ("mma", tiles, spans, warps)
-CONFIGS = [("ring", 4, 1, 4, 4), ("ring", 2, 2, 4, 4), ("mma", 2, 2, 4, 1, 0), ("mma", 1, 4, 4, 0, 8),
-           ("mma", 4, 1, 4, 1, 4), ("mma", 1, 2, 2, 0, 0)]
+#: q4_K MMA configs (tiles, spans a step, warps, lookahead)
+CONFIGS = [(1, 2, 4, 1), (1, 4, 4, 0), (2, 2, 4, 1), (4, 1, 4, 0), (1, 2, 2, 0)]
 
 
-def _ring(w, cfg, split):
-    from minfer_mmq_triton import decode, gemv_mma, gemv_q4ring
+def _q4(w, cfg, split):
+    from minfer_mmq_triton import decode, gemv_mma
     from minfer_mmq_triton.gemv_split import SplitScratch
 
     plane = decode.prepare(w)
-    if cfg[0] == "ring":
-        _, s, r, warps, stages = cfg
-        scratch = SplitScratch(w.n_out, gemv_q4ring.ring_rows(s, r, warps), split)
+    t, s, warps, ahead = cfg
+    scratch = SplitScratch(w.n_out, gemv_mma.mma_rows(t, warps), split)
 
-        def fn(x, **kw):
-            return gemv_q4ring.gemv_q4p_ring(x, plane, w.bias, s, r, warps, stages, split, scratch, pdl=True, **kw)
-    else:
-        _, t, s, warps, ahead, pf = cfg
-        scratch = SplitScratch(w.n_out, gemv_mma.mma_rows(t, warps), split)
-
-        def fn(x, **kw):
-            return gemv_mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True,
-                                           lookahead=bool(ahead), prefetch=pf, **kw)
+    def fn(x, **kw):
+        return gemv_mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead),
+                                     **kw)
 
     fn.scratch = scratch
     return fn
@@ -44,7 +36,7 @@ def _ring(w, cfg, split):
 
 @pytest.mark.parametrize("n,k,split,bias", [(21, 1280, 3, True), (40, 2816, 1, False), (37888, 3584, 1, False),
                                             (3584, 18944, 4, False), (4608, 3584, 2, True)], ids=str)
-def test_ring_gemv_matches_gguf(n, k, split, bias):
+def test_q4k_mma_gemv_matches_gguf(n, k, split, bias):
     from minfer_core.dequant import dequantize
 
     gen = torch.Generator(device="cuda").manual_seed(n + k + split)
@@ -56,7 +48,7 @@ def test_ring_gemv_matches_gguf(n, k, split, bias):
         x[:, 5] = 30.0  # one large value per block must not swamp its neighbours beyond TOL_I8
         xs.append(x)
     for cfg in CONFIGS:
-        fn = _ring(w, cfg, split)
+        fn = _q4(w, cfg, split)
         for x in xs:
             err = check(fn(x), x, w64, w.bias)
             assert err < TOL_I8, f"{n}x{k} split {split} M={x.shape[0]} {cfg}: {err:.2e}"
@@ -64,13 +56,13 @@ def test_ring_gemv_matches_gguf(n, k, split, bias):
             assert int(fn.scratch.get(3, "cuda")[1].abs().sum()) == 0
 
 
-@pytest.mark.parametrize("cfg", [("ring", 4, 1, 4, 4), ("mma", 2, 2, 4, 1, 8)], ids=str)
-def test_ring_gemv_prologues_and_graph_replay(cfg):
+@pytest.mark.parametrize("cfg", [(1, 2, 4, 1), (1, 4, 4, 0)], ids=str)
+def test_q4k_mma_gemv_prologues_and_graph_replay(cfg):
     gen = torch.Generator(device="cuda").manual_seed(3)
     n, k = 300, 2048
     w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
     w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
-    fn = _ring(w, cfg, 2)
+    fn = _q4(w, cfg, 2)
     h = torch.randn(1, k, generator=gen, device="cuda") * 3
     res = torch.randn(1, n, generator=gen, device="cuda")
     nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
