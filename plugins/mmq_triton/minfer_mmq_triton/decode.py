@@ -54,8 +54,8 @@ MAX_ROWS = 15
 
 #: Kernel configs ``(BN rows per program, BB blocks per step, num_warps, MODE)``; MODE 0: float
 #: kernels summing per sub-block, 1: float kernels dequantizing with one FMA, 2: int8 dot products
-#: (q4_K / q6_K only; it adds one small launch that quantizes x), 3: the same on tensor cores (q4_K,
-#: CUDA only; BB counts 128-value spans). The values are
+#: (q4_K / q6_K only; it adds one small launch that quantizes x), 3: the same on tensor cores (q4_K /
+#: q6_K, CUDA only; BB counts q4_K's 128-value spans or q6_K's blocks). The values are
 #: the winners of the H200 sweeps (plugins/mmq_triton/tests/test_decode_bench.py --sweep,
 #: benchmarks/sweep_gemv.py and, under PDL, benchmarks/sweep_small.py; results in benchmarks/results/,
 #: 2026-11-30) at the 7B / 0.5B shapes.
@@ -72,7 +72,7 @@ INT8_MIN_BYTES = 16 << 20  # below this the extra launch costs more than the dot
 #: MODE 3 (``gemv_mma``): 4 warps a program, each one 16-row tile (q6_K ffn_down: two); tall matrices
 #: (gate|up, the output head) take 2 spans / blocks a step (q4_K gate|up with the next step requested
 #: before each step's arithmetic), the others q4_K 4 spans, q6_K 2 blocks, split-K until the grid has
-#: about MMA_PROGRAMS programs (at most 8 splits). From ``benchmarks/sweep_ring.py`` on the H200
+#: about MMA_PROGRAMS programs (at most 8 splits). From ``benchmarks/sweep_mma.py`` on the H200
 #: (run 29 q4_K, run 30 ``--q6``).
 MMA_WARPS, MMA_TALL, MMA_PROGRAMS = 4, 16384, 640
 LEGACY_SMALL, LEGACY_MID, LEGACY_BIG = (8, 4, 2, 0), (16, 4, 4, 0), (32, 4, 4, 0)
@@ -171,12 +171,18 @@ def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> t
 
 
 def mma_enabled(ctx) -> bool:
-    """Whether this load's q4_K int8 GEMVs run on tensor cores (CUDA, cc >= 8.0, ``MINFER_DECODE_MMA``
-    not "0")."""
+    """Whether this load's q4_K / q6_K int8 GEMVs run on tensor cores (CUDA, cc >= 8.0, a Triton with
+    Gluon, ``MINFER_DECODE_MMA`` not "0")."""
     if ctx is None or ctx.device.type != "cuda" or os.environ.get("MINFER_DECODE_MMA", "1") == "0":
         return False
     cc = ctx.compute_capability
-    return cc is not None and tuple(cc) >= (8, 0)
+    if cc is None or tuple(cc) < (8, 0):
+        return False
+    try:
+        import triton.experimental.gluon  # noqa: F401  (Triton 3.4+)
+    except ImportError:
+        return False
+    return True
 
 
 def prepare(weight: Weight):

@@ -1,9 +1,10 @@
 """The q4_K and q6_K int8 decode GEMVs on tensor cores: ``mma.sync`` (m16n8k32, u8 x s8 -> s32) with
 16 weight rows as A and the activation's two int8 digits as B, one B column per (sub-block, digit).
 
-Why: the dp4a kernels (``gemv_q4plane``, ``gemv_q8dot``) spend ~4.5-7.5 instructions per weight
-byte (unpacking, per-word integer sums, their reduction), enough to keep the 7B's gate|up and
-ffn_down GEMVs near 2.2 TB/s. One m16n8k32 instruction does the work of 128 dp4a lanes.
+Why: the dp4a kernels (``gemv_q4plane``, ``gemv_q8dot``) spend many instructions per weight byte
+(7.6 in q4_K's loop: unpacking, per-word integer sums and their reduction), which kept the 7B's
+gate|up and ffn_down GEMVs near 2.2 TB/s; one m16n8k32 instruction does the work of 128 dp4a lanes
+(2.3-2.9 instructions per byte here, SASS for sm_90).
 
 Mapping (plane layout: ``gemv_q4plane``; a span ``t`` is 16 words per row). Lane ``4g + c`` of a
 warp holds, for rows ``g`` and ``g + 8`` of a 16-row tile, the span's words ``4c .. 4c + 3``.
@@ -200,8 +201,9 @@ def _gemv_q4p_mma_kernel(
     x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
     xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
     acc = gl.zeros([W, T, S, 8, 4, 2], gl.float32, layout=LH)
-    cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
-                      asp, hsp, x_valid, x_run, xb_off, EVEN)
+    if LOOKAHEAD:
+        cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
+                          asp, hsp, x_valid, x_run, xb_off, EVEN)
     for t0 in range(lo, hi, S):
         if LOOKAHEAD:  # the next step's loads go out before this step's arithmetic
             t_next = t0 + S
@@ -210,8 +212,6 @@ def _gemv_q4p_mma_kernel(
             nxt = _step_loads(t_next, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
                               dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
         else:
-            nxt = cur
-        if not LOOKAHEAD:
             cur = _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
                               dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
         qa, qb, scw, dmw, xs, xa, xv = cur
@@ -225,11 +225,13 @@ def _gemv_q4p_mma_kernel(
         sc = ((scw >> sc_shift) & 0xFF).to(gl.float32)
         mn = ((scw >> (sc_shift + 8)) & 0xFF).to(gl.float32)
         acc += (d * sc) * (v * (xs * hi_sub)) - (dmin * mn) * xa
-        cur = nxt
+        if LOOKAHEAD:
+            cur = nxt
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = pid * BN + (_ax(W, 0, 4, LY) * T + _ax(T, 1, 4, LY)) * 16 + _ax(8, 2, 4, LY) + 8 * _ax(2, 3, 4, LY)
     _store(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
            HAS_BIAS, SPLIT)
+
 
 def mma_rows(tiles: int, num_warps: int) -> int:
     """Rows a program of the MMA GEMV covers."""
@@ -255,8 +257,7 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
         xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
         n, nt, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
-        PDL=pdl,
-        num_warps=num_warps, **extra)
+        PDL=pdl, num_warps=num_warps, **extra)
     return y
 
 
