@@ -34,7 +34,8 @@ at ``16 + 4c ..``, so the B columns and the accumulator read as for q4_K with ``
 ``sum q x = sum u x - 32 sum x`` per 16 values.
 
 Same arithmetic as the dp4a kernels (exact integer sub-block sums, scaled in float32); the float
-summation order differs. Gluon, CUDA only (compute capability 8.0+).
+summation order differs; the PDL entry (``pdl.enter``) and the split-K store (``gemv_split.store_rows``)
+are the Triton kernels' own. Gluon, CUDA only (compute capability 8.0+).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .gemv_q8dot import quantize_x
-from .gemv_split import SplitScratch, bias_or_residual, whole_steps
+from .gemv_split import SplitScratch, bias_or_residual, store_rows, whole_steps
+from .pdl import enter
 from .planes import Q4KPlane
 
 _MMA4 = gl.constexpr("""{
@@ -60,13 +62,6 @@ and.b32 a0, $7, 0x0F0F0F0F; and.b32 a1, $11, 0x0F0F0F0F; and.b32 a2, $7, 0xF0F0F
 mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$15, $19}, {$0, $1, $2, $3};
 }""")
 _MMA4_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
-
-
-@gluon.jit
-def _pdl_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -94,32 +89,6 @@ def _ax(n: gl.constexpr, axis: gl.constexpr, rank: gl.constexpr, layout: gl.cons
         if d != axis:
             x = gl.expand_dims(x, d)
     return x
-
-
-@gluon.jit
-def _store(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-           HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr):
-    """``gemv_split.store_rows`` in Gluon: store row sums ``y`` (any shape, rows ``rows``) directly or,
-    split, through the scratch: the last program to arrive adds the partials in split order."""
-    rmask = rows < N
-    if SPLIT == 1:
-        if HAS_BIAS:
-            y += gl.load(bias_ptr + xm * stride_bm + rows, mask=rmask, other=0.0)
-        gl.store(y_ptr + xm * stride_ym + rows, y, mask=rmask)
-    else:
-        part = part_ptr + xm * (SPLIT * N)
-        gl.store(part + s_id * N + rows, y, mask=rmask)
-        gl.thread_barrier()
-        cnt = cnt_ptr + xm * n_blocks + pid
-        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT - 1:
-            tot = gl.load(part + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            for u in gl.static_range(1, SPLIT):
-                tot += gl.load(part + u * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                tot += gl.load(bias_ptr + xm * stride_bm + rows, mask=rmask, other=0.0)
-            gl.store(y_ptr + xm * stride_ym + rows, tot, mask=rmask)
-            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
@@ -196,8 +165,7 @@ def _gemv_q4p_mma_kernel(
     per = gl.cdiv(gl.cdiv(NT, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NT)
-    if PDL:
-        _pdl_wait()
+    enter(PDL)
     x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
     xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
     acc = gl.zeros([W, T, S, 8, 4, 2], gl.float32, layout=LH)
@@ -229,8 +197,8 @@ def _gemv_q4p_mma_kernel(
             cur = nxt
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = pid * BN + (_ax(W, 0, 4, LY) * T + _ax(T, 1, 4, LY)) * 16 + _ax(8, 2, 4, LY) + 8 * _ax(2, 3, 4, LY)
-    _store(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-           HAS_BIAS, SPLIT)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
 
 
 def mma_rows(tiles: int, num_warps: int) -> int:
@@ -250,11 +218,10 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
-    dm32 = plane.dm.view(torch.int32)
-    sc32 = plane.sc.view(plane.sc.shape[0], -1).view(torch.int32)
+    qw32, sc32, dm32 = plane.words()
     extra = {"launch_pdl": True} if pdl else {}
     _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](
-        xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
+        xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt,
         n, nt, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
         PDL=pdl, num_warps=num_warps, **extra)
@@ -338,8 +305,7 @@ def _gemv_q6k_mma_kernel(
     per = gl.cdiv(gl.cdiv(NB, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NB)
-    if PDL:
-        _pdl_wait()
+    enter(PDL)
     acc_g = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     for b0_ in range(lo, hi, S):
@@ -383,8 +349,8 @@ def _gemv_q6k_mma_kernel(
     LJ: gl.constexpr = gl.BlockedLayout([1, T, 1, 2], [1, 1, 8, 4], [W, 1, 1, 1], [3, 2, 1, 0])
     y = gl.convert_layout(y, LJ)
     rows = pid * BN + (_ax(W, 0, 4, LJ) * T + _ax(T, 1, 4, LJ)) * 16 + _ax(8, 2, 4, LJ) + 8 * _ax(2, 3, 4, LJ)
-    _store(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-           HAS_BIAS, SPLIT)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
 
 
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,

@@ -83,7 +83,7 @@ def _gemv_q4p_kernel(
     HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BN: tl.constexpr, S: tl.constexpr, SPLIT: tl.constexpr,
     PDL: tl.constexpr, PF: tl.constexpr, SWIGLU: tl.constexpr,
 ):
-    """Float products; ``NT`` spans per row; PRO: the prologue applied to x (``gemv_prologue``).
+    """Float products; ``NT`` spans per row; SWIGLU: x is ``[g | u]`` (``gemv_prologue``).
     Grid (cdiv(N, BN), SPLIT, M)."""
     pid, s_id, xm, rows, r = program_rows(N, BN)
     ts = tl.arange(0, S)
@@ -192,11 +192,10 @@ def gemv_q4p(x: torch.Tensor, plane: Q4KPlane, bias, bn: int, spans: int, num_wa
     grid = (scratch.n_blocks, split, m)
     meta = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), BN=bn, S=spans, SPLIT=split,
                 num_warps=num_warps, num_stages=num_stages, **gemv_launch_args(pdl, prefetch))
-    dm32 = plane.dm.view(torch.int32)
-    sc32 = plane.sc.view(plane.sc.shape[0], -1).view(torch.int32)  # (N, K/32, 2) bytes -> (N, K/64) words
+    qw32, sc32, dm32 = plane.words()
     if int8:
         xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
-        _gemv_q4p_i8_kernel[grid](xh, xl, xs, x16, plane.qs.view(torch.int32), sc32, dm32, b, y, part, cnt,
+        _gemv_q4p_i8_kernel[grid](xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt,
                                   n, nt, y.stride(0), sbm, scratch.n_blocks, USE_ASM=x.is_cuda, **meta)
     else:
         assert norm is None, "the float q4_K GEMV does not fuse RMSNorm"

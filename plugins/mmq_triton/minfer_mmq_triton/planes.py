@@ -54,6 +54,12 @@ class Q4KPlane:
     def nbytes(self) -> int:
         return self.qs.numel() + self.sc.numel() + self.dm.numel() * 2
 
+    def words(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``qs``, ``sc`` and ``dm`` as int32 words, as the decode GEMVs read them: ``(N, K / 8)``,
+        ``(N, K / 64)`` (two sub-blocks' scale and min a word), ``(N, K / 256)`` (``d | dmin``)."""
+        return (self.qs.view(torch.int32), self.sc.view(self.sc.shape[0], -1).view(torch.int32),
+                self.dm.view(torch.int32))
+
 
 @dataclass
 class Q6KPlane:
