@@ -99,12 +99,16 @@ def main() -> None:
     for d in depths:
         ts = tg_at_depth(eng, a.n, d)
         print(f"tg{a.n} @ d{d}: " + ", ".join(f"{x:.1f}" for x in ts))
-    print("\n## history (fresh load)")
+    print("\n## history (fresh loads)")
+    del eng
+    torch.cuda.empty_cache()
+    eng = Engine.load(a.model, progress=False, n_ctx=a.n + 16)
+    print(f"n_ctx {a.n + 16}: tg alone:", [f"{x:.1f}" for x in run_test(eng, "tg", a.n, 3).samples_ts])
     del eng
     torch.cuda.empty_cache()
     eng = Engine.load(a.model, progress=False, n_ctx=3314 + 64)
     print(f"clocks {clocks()}")
-    print("tg alone:", [f"{x:.1f}" for x in run_test(eng, "tg", a.n, 3).samples_ts])
+    print("n_ctx 3378: tg alone:", [f"{x:.1f}" for x in run_test(eng, "tg", a.n, 3).samples_ts])
     for n in (512, 3314):
         print(f"pp{n}:", [f"{x:.0f}" for x in run_test(eng, "pp", n, 3).samples_ts])
     print(f"clocks {clocks()}")
