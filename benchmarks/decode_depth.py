@@ -91,14 +91,19 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--depths", default="0,1024,4096")
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--parts", default="attention,depth,history", help="which parts to run")
     a = ap.parse_args()
+    parts = a.parts.split(",")
     depths = [int(x) for x in a.depths.split(",")]
     eng = Engine.load(a.model, progress=False, n_ctx=max(depths) + a.n + 64)
-    attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 8192], max(8192, eng.model.n_ctx))
+    if "attention" in parts:
+        attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 8192], max(8192, eng.model.n_ctx))
     print("\n## tg at depth")
-    for d in depths:
+    for d in depths if "depth" in parts else []:
         ts = tg_at_depth(eng, a.n, d)
         print(f"tg{a.n} @ d{d}: " + ", ".join(f"{x:.1f}" for x in ts))
+    if "history" not in parts:
+        return
     print("\n## history (fresh loads)")
     del eng
     torch.cuda.empty_cache()
