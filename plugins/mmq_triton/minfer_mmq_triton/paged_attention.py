@@ -1,8 +1,7 @@
 """Decode attention for a batch of sequences over a paged KV pool, label ``mmq.attn.paged``.
 
-``fn(q, k_pool, v_pool, block_tables, seq_lens) -> out``: ``q`` ``(B, H, D)`` (any float dtype),
-the pool of one layer ``(rows, Hkv, D)`` float16 where row ``block * PAGE + i`` holds position
-``i`` of a block, ``block_tables`` ``(B, max_blocks)`` int32 (each sequence's blocks in order),
+``fn(q, k_pages, v_pages, block_tables, seq_lens) -> out``: ``q`` ``(B, H, D)`` (any float dtype),
+the pool of one layer as ``(n_blocks, PAGE, Hkv, D)`` float16 pages (contiguous), ``block_tables`` ``(B, max_blocks)`` int32 (each sequence's blocks in order),
 ``seq_lens`` ``(B,)`` int32 (valid positions, the current token's included), ``out`` ``(B, H * D)``
 float32. Shapes alone fix both grids, so a step can be captured in a CUDA graph.
 
@@ -105,11 +104,8 @@ def _paged_combine_kernel(o_ptr, m_ptr, l_ptr, len_ptr, out_ptr,
 class PagedDecodeAttention:
     """The batched decode attention callable; its partial-result scratch is kept per shape."""
 
-    def __init__(self, page: int, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32,
-                 ch: int = 16):
-        if page <= 0 or page & (page - 1):
-            raise ValueError(f"page size must be a power of two, got {page}")
-        self.page, self.nsplit, self.block_s, self.num_warps, self.dc, self.ch = page, nsplit, block_s, num_warps, dc, ch
+    def __init__(self, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32, ch: int = 16):
+        self.nsplit, self.block_s, self.num_warps, self.dc, self.ch = nsplit, block_s, num_warps, dc, ch
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def _buffers(self, rows: int, dp: int, device) -> tuple[torch.Tensor, ...]:
@@ -120,12 +116,13 @@ class PagedDecodeAttention:
                                   torch.empty(rows * self.nsplit, dtype=torch.float32, device=device))
         return self._scratch[key]
 
-    def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         bsz, h, d = q.shape
-        n_kv = k_pool.shape[1]
-        if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
-            raise ValueError("k/v pool rows must be contiguous in the head dimension")
+        page, n_kv = k_pages.shape[1], k_pages.shape[2]
+        if page & (page - 1) or not (k_pages.is_contiguous() and v_pages.is_contiguous()):
+            raise ValueError("k/v pages must be contiguous (n_blocks, PAGE, Hkv, D) with PAGE a power of two")
+        k_pool, v_pool = k_pages.flatten(0, 1), v_pages.flatten(0, 1)
         q = q.contiguous()
         bt = block_tables.to(torch.int32).contiguous()
         lens = seq_lens.to(torch.int32).contiguous()
@@ -138,7 +135,7 @@ class PagedDecodeAttention:
             q, k_pool, v_pool, bt, lens, o_part, m_part, l_part,
             bt.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
             LOG2E / math.sqrt(d), HKV=n_kv, REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            PAGE=self.page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps,
+            PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps,
         )
         _paged_combine_kernel[(bsz * h, dp // dc)](
             o_part, m_part, l_part, lens, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
@@ -147,5 +144,5 @@ class PagedDecodeAttention:
         return out
 
 
-def paged_candidate(page: int) -> Candidate:
-    return Candidate(PLUGIN, LABEL, PagedDecodeAttention(page))
+def paged_candidate() -> Candidate:
+    return Candidate(PLUGIN, LABEL, PagedDecodeAttention())
