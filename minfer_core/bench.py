@@ -1,6 +1,7 @@
 """Throughput measurement the way llama-bench does it: ``ppN`` (a prompt of N random tokens
 processed from an empty cache) and ``tgN`` (N tokens decoded one at a time), each repeated after
-warm-up runs, load time excluded.
+warm-up runs, load time excluded. With a depth ``d`` (llama-bench ``-d``), each test first fills the
+cache with ``d`` random tokens, untimed: ``pp512 @ d4096``, ``tg128 @ d4096``.
 
 Two warm-up runs, not llama-bench's one: the first compiles the kernels (and captures the decode
 graph), the second captures the prefill graph of that prompt length (``cuda_graphs`` captures a
@@ -43,9 +44,17 @@ def _random_ids(engine: Engine, n: int, seed: int) -> list[int]:
     return torch.randint(0, engine.cfg.vocab_size, (n,), generator=g).tolist()
 
 
-def time_prompt(engine: Engine, n: int, seed: int = 0) -> float:
-    ids = _random_ids(engine, n, seed)
+def _fill(engine: Engine, depth: int) -> None:
+    """An empty cache, then ``depth`` random tokens in it (untimed)."""
     engine.reset()
+    if depth:
+        engine.prefill(_random_ids(engine, depth, 999))
+
+
+def time_prompt(engine: Engine, n: int, seed: int = 0, depth: int = 0) -> float:
+    ids = _random_ids(engine, n, seed)
+    _fill(engine, depth)
+    ids = engine.cached + ids  # prefill reuses the cached depth and runs the n new tokens
     _sync(engine)
     t0 = time.perf_counter()
     engine.prefill(ids)
@@ -53,9 +62,9 @@ def time_prompt(engine: Engine, n: int, seed: int = 0) -> float:
     return time.perf_counter() - t0
 
 
-def time_gen(engine: Engine, n: int, seed: int = 0) -> float:
+def time_gen(engine: Engine, n: int, seed: int = 0, depth: int = 0) -> float:
     ids = _random_ids(engine, n, seed)
-    engine.reset()
+    _fill(engine, depth)
     _sync(engine)
     t0 = time.perf_counter()
     for t in ids:
@@ -67,13 +76,13 @@ def time_gen(engine: Engine, n: int, seed: int = 0) -> float:
 WARMUP_RUNS = 2
 
 
-def run_test(engine: Engine, kind: str, n: int, reps: int) -> BenchResult:
+def run_test(engine: Engine, kind: str, n: int, reps: int, depth: int = 0) -> BenchResult:
     fn = time_prompt if kind == "pp" else time_gen
     for w in range(WARMUP_RUNS):  # compilation, then CUDA graph capture
-        fn(engine, n, seed=12345 + w)
-    res = BenchResult(f"{kind}{n}", n)
+        fn(engine, n, seed=12345 + w, depth=depth)
+    res = BenchResult(f"{kind}{n}" + (f" @ d{depth}" if depth else ""), n)
     for r in range(reps):
-        res.samples_ts.append(n / fn(engine, n, seed=r))
+        res.samples_ts.append(n / fn(engine, n, seed=r, depth=depth))
     return res
 
 

@@ -28,6 +28,9 @@ def add_parser(sub):
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
     p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default: 512; 0 = none)")
     p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default: 128; 0 = none)")
+    p.add_argument("-d", "--n-depth", default="0",
+                   help="cache depths, comma-separated: each test runs after that many random tokens are in the "
+                        "cache, untimed (default: 0)")
     p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default: 5)")
     p.add_argument("-o", "--output", choices=("md", "json"), default="md", help="output format (default: md)")
     p.add_argument("--config", action="append", default=[], metavar="SPEC",
@@ -51,16 +54,19 @@ def run(args) -> int:
         raise UserError("nothing to run: give -p or -n")
     specs = list(args.config) + (list(SWEEP) if args.gates else [])
     configs = [parse_config(s) for s in (specs or ["default"])]
+    depths = _ints(args.n_depth) or [0]
+    if min(depths) < 0:
+        raise UserError(f"-d: depths must be 0 or more, got '{args.n_depth}'")
     path = resolve_model(args.model)
-    n_ctx = max(n for _, n in tests) + 16
+    n_ctx = max(n for _, n in tests) + max(depths) + 16
     rows = []
     for cfg in configs:
         engine = load_under(cfg, path, args, n_ctx)
         mem_load = gpu_memory(engine)
-        for kind, n in tests:
+        for (kind, n), depth in ((t, d) for t in tests for d in depths):
             if engine.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(engine.device)
-            res = run_test(engine, kind, n, args.repetitions)
+            res = run_test(engine, kind, n, args.repetitions, depth)
             row = _row(engine, path, cfg.label, res)
             if args.memory and mem_load:
                 row["mem_load_gib"] = mem_load["allocated_gib"]
