@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 
 from .errors import UserError
 from .gates import FUSE_GATE, FUSE_REQUIRES, gate_values, resolve_gates
-from .plugins import BUILTIN, PROJECT_PLUGINS, call_each
+from .plugins import BUILTIN, PROJECT_PLUGINS, PluginError, bad_return, call_each
 from .quants import PLANE_TYPES
 from .weights import Activation, Candidate, LoadContext, Weight
 
@@ -148,7 +148,11 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     for w in weights:  # registration; the plane-only flag is cleared as the weights arrive
         offence = offence or plane_offence(w)
         if register:
-            call_each(pm, "minfer_register_weight", only=usable, weight=w, ctx=ctx)
+            failed: list[str] = []
+            call_each(pm, "minfer_register_weight", only=usable, strict=[backend], failed=failed, weight=w, ctx=ctx)
+            for name in failed:  # its kernels may rely on what registration builds: out of this load
+                applicable[name] = "its minfer_register_weight raised (see the warning)"
+                usable.remove(name)
     model_mode, model_reason = fuse_ladder(ctx.gates, "", offence, readers)
     mode, reason = fuse_ladder(ctx.gates, mmq_off, offence, readers)
     ctx.fuse_mode = mode
@@ -160,9 +164,10 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     for phase in PHASES:
         order = ranking(policy, phase, backend)
         for w in weights:
-            offers = call_each(pm, "minfer_matmul_candidates", only=usable, weight=w, phase=phase, ctx=ctx)
+            offers = call_each(pm, "minfer_matmul_candidates", only=usable, strict=[backend], weight=w, phase=phase,
+                               ctx=ctx)
             what = f"{phase} {w.name} ({QT(w.qtype).name} {w.n_out}x{w.n_in})"
-            getattr(plan, phase)[w.name] = _choose(offers, order, what, log, plan.notes)
+            getattr(plan, phase)[w.name] = _choose(offers, order, what, log, plan.notes, "minfer_matmul_candidates")
 
     # 4. mode 2 needs every chosen prefill consumer to read the plane; then the plugins' veto
     plane_readers = [n for n, c in plan.prefill.items() if "plane" in c.reads]
@@ -174,17 +179,20 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
             c = plan.prefill[f32]
             mode, reason = 1, f"mode 2 degraded to 1: {f32} runs {c.label} ({c.plugin}), which reads the f32 activation"
     if mode:
-        for name, res in call_each(pm, "minfer_fuse_mode", only=usable, model=model, requested=mode, ctx=ctx):
-            if not (isinstance(res, tuple) and len(res) == 2 and isinstance(res[0], int)):
-                raise UserError(f"plugin '{name}': minfer_fuse_mode must return None or (mode, reason), got {res!r}")
+        for name, res in call_each(pm, "minfer_fuse_mode", only=usable, strict=[backend], model=model,
+                                   requested=mode, ctx=ctx):
+            if not (isinstance(res, tuple) and len(res) == 2 and type(res[0]) is int and isinstance(res[1], str)):
+                raise PluginError(f"plugin '{name}' hook minfer_fuse_mode must return None or (mode, reason), "
+                                  f"got {res!r}")
             if res[0] < mode:
                 mode, reason = max(res[0], 0), f"{name}: {res[1]}"
     # 5. producers (fused ones only under mode 1/2; the prepass wherever a consumer reads the plane)
     ctx.fuse_mode = mode
     if mode:
         for kind in PRODUCERS:
-            offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
-            c = _choose(offers, ranking(policy, "producer", backend), f"producer {kind}", log, plan.notes, required=False)
+            offers = call_each(pm, "minfer_producer_candidates", only=usable, strict=[backend], kind=kind, ctx=ctx)
+            c = _choose(offers, ranking(policy, "producer", backend), f"producer {kind}", log, plan.notes,
+                        "minfer_producer_candidates", required=False)
             if c:
                 plan.producers[kind] = c
             else:
@@ -194,9 +202,10 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
             ctx.fuse_mode = 0
     plan.a_transpose = bool(ctx.gates[TRANSPOSE_GATE] and plane_readers)
     if plan.a_transpose:
-        offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=PREPASS, ctx=ctx)
+        offers = call_each(pm, "minfer_producer_candidates", only=usable, strict=[backend], kind=PREPASS, ctx=ctx)
         plan.producers[PREPASS] = _choose(offers, ranking(policy, "producer", backend), "producer prepass", log,
-                                          plan.notes, required=False) or Candidate(BUILTIN, "ref.prepass", torch_prepass)
+                                          plan.notes, "minfer_producer_candidates", required=False) \
+            or Candidate(BUILTIN, "ref.prepass", torch_prepass)
     elif plane_readers:  # A_TRANSPOSE off: consumers convert; they must not demand a plane
         plan.notes.append(f"{TRANSPOSE_GATE} off but {plane_readers[0]} reads the plane: the plugin must convert itself")
     plan.fuse_mode, plan.fuse_reason = mode, reason
@@ -206,14 +215,17 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
 
     # 7. attention and the decode-step wrapper
     for phase in PHASES:
-        offers = call_each(pm, "minfer_attention_candidates", only=usable, phase=phase, ctx=ctx)
-        plan.attention[phase] = _choose(offers, ranking(policy, "attention", backend), f"attention {phase}", log, plan.notes)
+        offers = call_each(pm, "minfer_attention_candidates", only=usable, strict=[backend], phase=phase, ctx=ctx)
+        plan.attention[phase] = _choose(offers, ranking(policy, "attention", backend), f"attention {phase}", log,
+                                        plan.notes, "minfer_attention_candidates")
     for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions
-        offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
-        plan.decode_ops[kind] = _choose(offers, ranking(policy, "decode", backend), f"producer {kind}", log, plan.notes)
+        offers = call_each(pm, "minfer_producer_candidates", only=usable, strict=[backend], kind=kind, ctx=ctx)
+        plan.decode_ops[kind] = _choose(offers, ranking(policy, "decode", backend), f"producer {kind}", log,
+                                        plan.notes, "minfer_producer_candidates")
     for kind in PREFILL_OPS:
-        offers = call_each(pm, "minfer_producer_candidates", only=usable, kind=kind, ctx=ctx)
-        plan.prefill_ops[kind] = _choose(offers, ranking(policy, "prefill", backend), f"producer {kind}", log, plan.notes)
+        offers = call_each(pm, "minfer_producer_candidates", only=usable, strict=[backend], kind=kind, ctx=ctx)
+        plan.prefill_ops[kind] = _choose(offers, ranking(policy, "prefill", backend), f"producer {kind}", log,
+                                         plan.notes, "minfer_producer_candidates")
     for work in STEPS:
         hook = getattr(pm.hook, f"minfer_wrap_{work}")
         wrappers = {impl.plugin_name: impl.function for impl in hook.get_hookimpls()}
@@ -224,6 +236,7 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     log(f"fuse mode {plan.fuse_mode}" + (f" ({plan.fuse_reason})" if plan.fuse_reason else "")
         + f"; a_transpose {plan.a_transpose}; decode step: {plan.decode_step_order or 'plain'}"
         + f"; prefill step: {plan.prefill_step_order or 'plain'}")
+    plan.notes += getattr(pm, "failures", [])
     return plan
 
 
@@ -241,8 +254,11 @@ def wrap_step(work: str, step: Callable, ctx: LoadContext, pm, plan: Plan) -> Op
     """``step`` as the first plugin in the plan's ``<work>_order`` wraps it; None if nobody does.
 
     ``work`` is ``"decode_step"`` or ``"prefill_step"`` (hooks ``minfer_wrap_<work>``)."""
-    for name in getattr(plan, f"{work}_order"):
-        for _, wrapped in call_each(pm, f"minfer_wrap_{work}", only=[name], step=step, ctx=ctx):
+    hook = f"minfer_wrap_{work}"
+    for name in getattr(plan, f"{work}_order"):  # one that raises is passed over (a warning)
+        for _, wrapped in call_each(pm, hook, only=[name], step=step, ctx=ctx):
+            if not callable(wrapped):
+                raise bad_return(name, hook, wrapped, "a callable with the step's signature, or None")
             getattr(pm, "log", lambda m: None)(f"{work.replace('_', ' ')} wrapped by {name}")
             return wrapped
     return None
@@ -266,8 +282,14 @@ def check_backend(pm, ctx: LoadContext, backend: Optional[str]) -> None:
 
 def _applicability(pm, ctx: LoadContext, backend: Optional[str]) -> dict[str, Optional[str]]:
     reasons: dict[str, Optional[str]] = {n: None for n, p in pm.list_name_plugin() if p is not None}
-    for name, why in call_each(pm, "minfer_applicable", only=[n for n in reasons if n != BUILTIN], ctx=ctx):
-        reasons[name] = str(why)
+    failed: list[str] = []
+    for name, why in call_each(pm, "minfer_applicable", only=[n for n in reasons if n != BUILTIN], strict=[backend],
+                               failed=failed, ctx=ctx):
+        if not isinstance(why, str) or not why.strip():
+            raise bad_return(name, "minfer_applicable", why, "None (it can run here) or a reason string")
+        reasons[name] = why
+    for name in failed:
+        reasons[name] = "its minfer_applicable raised (see the warning)"
     if backend and backend != BUILTIN:
         why = reasons.get(backend, "")
         if backend not in reasons:
@@ -285,13 +307,19 @@ def _absent(pm, name: str) -> str:
     return "no such plugin installed"
 
 
-def _choose(offers: Iterable[tuple[str, Any]], order: list[str], what: str, log, notes: list[str],
+def _choose(offers: Iterable[tuple[str, Any]], order: list[str], what: str, log, notes: list[str], hook: str,
             required: bool = True) -> Optional[Candidate]:
     ranked: list[Candidate] = []
     for plugin, cands in offers:
         for c in cands if isinstance(cands, (list, tuple)) else [cands]:
             if not isinstance(c, Candidate) or c.plugin != plugin:
-                raise UserError(f"plugin '{plugin}' offered {c!r} for {what}: expected Candidates naming '{plugin}'")
+                raise PluginError(f"plugin '{plugin}' offered {c!r} for {what} (hook {hook}): expected Candidates "
+                                  f"naming '{plugin}'")
+            if not callable(c.fn) or not isinstance(c.label, str) or not c.label:
+                bad = f"fn={c.fn!r}"[:60] if not callable(c.fn) else f"label={c.label!r}"[:60]
+                raise PluginError(f"plugin '{plugin}' hook {hook} returned a Candidate for {what} with {bad}: "
+                                  f"expected Candidates with a callable fn and a non-empty label; "
+                                  f"block it with -p no:{plugin}")
             if plugin in order:
                 ranked.append(c)
             elif not any(f"'{plugin}'" in n for n in notes):

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
-import yaml
-
 from .errors import UserError
+from .strict_yaml import YamlRefusal, read_strict
 from .gates import ALL_GATES, FUSE_GATE, FUSE_MODES, PLANE_BUILDERS
 
 #: Classes of work the policy orders, in the order ``minfer gates`` shows them.
@@ -88,15 +87,11 @@ def load_policy(path: Optional[Union[str, Path]] = None, known_plugins: Optional
 
         known_plugins = known_plugin_names()
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_strict(path)
     except (OSError, UnicodeDecodeError) as e:
         raise PolicyError(path, "file", f"cannot read: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "yaml"
-        raise PolicyError(path, where, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except YamlRefusal as e:
+        raise PolicyError(path, e.key, e.problem) from None
     return _Validator(path, set(known_plugins)).policy(data)
 
 
@@ -115,8 +110,8 @@ class _Validator:
             return value
         allowed = list(required) + list(optional)
         for k in value:
-            if k not in allowed:
-                self.fail(f"{key}.{k}" if key else str(k), f"unknown key (expected one of: {', '.join(allowed)})")
+            if not any(k == a and type(k) is type(a) for a in allowed):  # exact: true is not 1
+                self.fail(f"{key}.{k}" if key else str(k), f"unknown key (expected one of: {', '.join(map(str, allowed))})")
         for k in required:
             if k not in value:
                 self.fail(f"{key}.{k}" if key else k, "missing")
@@ -145,7 +140,7 @@ class _Validator:
         if data is None:
             self.fail("file", "empty policy")
         top = self.mapping(data, "", ("version", "gates", "plane_builders", "order"))
-        if top["version"] != 1 or isinstance(top["version"], bool):
+        if type(top["version"]) is not int or top["version"] != 1:
             self.fail("version", f"unsupported version {top['version']!r} (expected 1)")
         gates = {}
         for section, kind, names in (("gates", "gate", ALL_GATES[:6]), ("plane_builders", "builder", PLANE_BUILDERS)):
@@ -168,7 +163,7 @@ class _Validator:
         if name == FUSE_GATE:
             e = self.mapping(entry, key, common + ("modes",))
             d = e["default"]
-            if isinstance(d, bool) or d not in FUSE_MODES:
+            if type(d) is not int or d not in FUSE_MODES:  # exactly int: not 1.0, true or "2"
                 self.fail(f"{key}.default", f"expected a fuse mode 0, 1 or 2, got {d!r}")
             modes = self.mapping(e["modes"], f"{key}.modes", FUSE_MODES)
             texts = {m: self.text(modes[m], f"{key}.modes.{m}") for m in FUSE_MODES}
@@ -176,7 +171,7 @@ class _Validator:
         else:
             e = self.mapping(entry, key, common + ("when_off",))
             d = e["default"]
-            if not isinstance(d, bool):
+            if type(d) is not bool:
                 self.fail(f"{key}.default", f"expected on or off, got {d!r}")
             spec = GateSpec(name, kind, d, self.text(e["description"], f"{key}.description"),
                             off=self.text(e["when_off"], f"{key}.when_off"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import blocked_plugins
-from ..dispatch import build_plan, make_context
+from ..dispatch import build_plan, check_backend, make_context, ranking
 from ..gates import PLANE_BUILDERS, resolve_gates
 from ..gguf_file import GGUFFile, ModelFileError, TensorEntry, parse_header
 from ..plugins import get_plugin_manager
@@ -36,13 +36,25 @@ def add_parser(sub):
 
 def run(args) -> int:
     policy = load_policy(getattr(args, "policy", None))
+    backend = getattr(args, "backend", None)
+    order = dict(policy.order)
+    if backend:  # --backend: an error if it cannot run here; the order it gives
+        from ..engine import pick_device
+
+        pm = get_plugin_manager(blocked=blocked_plugins(args), trace=getattr(args, "trace_plugins", False))
+        check_backend(pm, make_context(pick_device(getattr(args, "device", None)), policy), backend)
+        for work in order:
+            wraps = [i.plugin_name for i in getattr(pm.hook, f"minfer_wrap_{work}").get_hookimpls()] \
+                if work.endswith("_step") else [backend]
+            order[work] = ranking(policy, work, backend if backend in wraps else None, last_resort=False)
     report = {
         "policy": str(policy.path),
         "gates": [{"name": g.name, "value": g.value, "source": g.source, "raw": g.raw, "effect": g.effect,
                    "kind": "plane_builder" if g.name in PLANE_BUILDERS else "gate",
                    "labels": policy.gates[g.name].labels, "enables": policy.gates[g.name].enables}
                   for g in resolve_gates(policy).values()],
-        "order": policy.order,
+        "order": order,
+        "backend": backend,
     }
     if args.model:
         report["model"] = model_report(args, policy)
@@ -114,7 +126,8 @@ def render(r: dict) -> str:
             value = ("on" if g["value"] else "off") if isinstance(g["value"], bool) else str(g["value"])
             src = g["source"] + (f" ({g['raw']!r})" if g["source"] == "env" else "")
             lines.append(f"{g['name']:<24} {value:<5} {src:<8} {g['effect']}")
-    lines += ["", "order (best first; reference is always the last resort):"]
+    lines += ["", "order (best first; reference is always the last resort)"
+              + (f", --backend {r['backend']} first:" if r.get("backend") else ":")]
     lines += [f"  {w:<12} {' > '.join(r['order'][w]) or '-'}" for w in WORK]
     m = r.get("model")
     if m:
