@@ -216,3 +216,51 @@ def test_backend_check_is_a_backend_error(policy, plane_model):
     with pytest.raises(BackendError):
         build_plan(table_weights(plane_model), make_context("cpu", policy, env={}), manager(), policy,
                    backend="nosuch", register=False)
+
+
+# -- gate declarations: data, checked; a bad one names the plugin ------------------------------------
+
+from minfer_core.gates import declared_gates  # noqa: E402
+from minfer_core.weights import Gate  # noqa: E402
+
+
+@pytest.mark.parametrize("gate,problem", [
+    (Gate("MINFER_X", True, "", "off"), "description: expected a non-empty string"),
+    (Gate("MINFER_X", True, "on", ""), "off: a switch must say what \"0\" does"),
+    (Gate("MINFER_X", 1, "on", "off"), "default: a switch takes True or False, got 1"),
+    (Gate("MINFER_X", 1.0, "g", modes={0: "a", 1: "b"}), "default: expected one of the modes [0, 1], got 1.0"),
+    (Gate("MINFER_X", 1, "g", modes={1: "b"}), "modes: expected {0: what off does"),
+    (Gate("x_gate", True, "on", "off"), "the name must look like MINFER_SOMETHING"),
+    (Gate("MINFER_X", True, "on", "off", labels=("",)), "labels: expected a list of label prefixes"),
+])
+def test_bad_gate_declaration_names_the_plugin(gate, problem):
+    class Declares(F16StandIn):
+        @hookimpl
+        def minfer_gates(self):
+            return [gate]
+
+    with pytest.raises(PluginError) as e:
+        declared_gates(manager(Declares()))
+    assert str(e.value).startswith(f"plugin 'f16_wmma' hook minfer_gates: gate {gate.name!r}: {problem}")
+
+
+def test_gate_declared_twice_is_an_error():
+    class Twice(F16StandIn):
+        @hookimpl
+        def minfer_gates(self):
+            return [Gate("MINFER_MMQ", True, "mine", "not mine")]
+
+    from test_dispatch import MmqStandIn
+
+    with pytest.raises(PluginError, match=r"gate MINFER_MMQ is already declared by '(mmq_triton|f16_wmma)'"):
+        declared_gates(manager(MmqStandIn(), Twice()))
+
+
+def test_gates_hook_must_return_a_list_of_gates():
+    class Odd(F16StandIn):
+        @hookimpl
+        def minfer_gates(self):
+            return {"MINFER_X": True}
+
+    with pytest.raises(PluginError, match=r"^plugin 'f16_wmma' hook minfer_gates returned .*: expected a list of"):
+        declared_gates(manager(Odd()))

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from minfer_core.cli import main
+from minfer_core.gates import resolve_gates
 from minfer_core.policy import PolicyError, load_policy
 from minfer_core.strict_yaml import MAX_BYTES
+from test_dispatch import gate_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = (ROOT / "configs" / "gates.yaml").read_text()
@@ -25,8 +27,8 @@ def write(tmp_path, text: str) -> Path:
 
 
 def refused(path: Path) -> str:
-    with pytest.raises(PolicyError) as e:
-        load_policy(path, known_plugins=KNOWN)
+    with pytest.raises(PolicyError) as e:  # read, then placed against mmq_triton's declarations
+        resolve_gates(load_policy(path, known_plugins=KNOWN), gate_table(), {})
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{path}: ")
     return msg
@@ -43,17 +45,15 @@ def with_line_after(anchor: str, line: str) -> str:
 # -- duplicate keys ---------------------------------------------------------------------------
 
 def test_second_gate_entry_is_refused_not_silently_winning(tmp_path):
-    # a second MINFER_MMQ entry with default off used to replace the first and turn the gate off
-    text = SHIPPED.replace("\nplane_builders:", "\n  MINFER_MMQ:\n    default: off\n    description: x\n"
-                                                 "    when_off: y\n    enables: [mmq_triton]\n    labels: [mmq.]\n"
-                                                 "\nplane_builders:", 1)
+    # a second MINFER_MMQ entry set to off used to replace the first and turn the gate off
+    text = with_line_after("    MINFER_MMQ_Q4K_DSC: on", "    MINFER_MMQ: off")
     msg = refused(write(tmp_path, text))
-    assert ": gates.MINFER_MMQ: key given twice (lines " in msg and "keep one" in msg
+    assert ": gates.mmq_triton.MINFER_MMQ: key given twice (lines " in msg and "keep one" in msg
 
 
-def test_duplicate_nested_key_names_its_path(tmp_path):
-    text = with_line_after("  MINFER_MMQ_RAW:\n    default: on", "    default: off")
-    assert ": gates.MINFER_MMQ_RAW.default: key given twice" in refused(write(tmp_path, text))
+def test_duplicate_plugin_section_names_its_path(tmp_path):
+    text = with_line_after("    MINFER_PDL: on", "  mmq_triton:\n    MINFER_MMQ: off")
+    assert ": gates.mmq_triton: key given twice" in refused(write(tmp_path, text))
 
 
 def test_duplicate_top_level_key(tmp_path):
@@ -74,14 +74,13 @@ def test_alias_bomb_is_refused_before_it_expands(tmp_path):
 
 
 def test_plain_anchor_is_refused(tmp_path):
-    text = SHIPPED.replace("  MINFER_MMQ_RAW:\n    default: on", "  MINFER_MMQ_RAW:\n    default: &yes on", 1)
+    text = SHIPPED.replace("    MINFER_MMQ_RAW: on", "    MINFER_MMQ_RAW: &yes on", 1)
     assert "YAML anchor &yes is not allowed in a policy (write the value out)" in refused(write(tmp_path, text))
 
 
 def test_merge_key_alias_is_refused(tmp_path):
-    text = SHIPPED.replace("  MINFER_MMQ_RAW:\n", "  MINFER_MMQ_RAW: &raw\n", 1)
-    text = text.replace("  MINFER_MMQ_RAW_NB:\n", "  MINFER_MMQ_RAW_NB:\n    <<: *raw\n", 1)
-    assert "YAML anchor &raw is not allowed" in refused(write(tmp_path, text))
+    text = SHIPPED.replace("  mmq_triton:\n", "  mmq_triton: &mmq\n", 1) + "  f16_wmma:\n    <<: *mmq\n"
+    assert "YAML anchor &mmq is not allowed" in refused(write(tmp_path, text))
 
 
 # -- size ----------------------------------------------------------------------------------------
@@ -93,20 +92,27 @@ def test_oversized_file_is_refused_without_parsing(tmp_path):
 
 # -- exact types --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value,shown", [("1.0", "1.0"), ("true", "True"), ('"2"', "'2'"), ("2.5", "2.5"),
-                                         ("on", "True")])
-def test_fuse_default_must_be_an_integer_mode(tmp_path, value, shown):
-    text = SHIPPED.replace("  MINFER_MMQ_A_FUSE:\n    default: 2", f"  MINFER_MMQ_A_FUSE:\n    default: {value}", 1)
-    assert value in text
-    msg = refused(write(tmp_path, text))
-    assert msg.endswith(f": gates.MINFER_MMQ_A_FUSE.default: expected a fuse mode 0, 1 or 2, got {shown}")
+@pytest.mark.parametrize("value,problem", [
+    ("1.0", "expected on, off or an integer mode, got 1.0"),
+    ('"2"', "expected on, off or an integer mode, got '2'"),
+    ("2.5", "expected on, off or an integer mode, got 2.5"),
+    ("true", "expected a mode 0, 1 or 2, got True"),  # bool is not int
+    ("on", "expected a mode 0, 1 or 2, got True"),
+    ("3", "expected a mode 0, 1 or 2, got 3"),
+])
+def test_fuse_mode_must_be_an_integer_mode(tmp_path, value, problem):
+    text = SHIPPED.replace("    MINFER_MMQ_A_FUSE: 2", f"    MINFER_MMQ_A_FUSE: {value}", 1)
+    assert f"MINFER_MMQ_A_FUSE: {value}" in text
+    assert refused(write(tmp_path, text)).endswith(f": gates.mmq_triton.MINFER_MMQ_A_FUSE: {problem}")
 
 
-@pytest.mark.parametrize("value,shown", [("1", "1"), ("0", "0"), ('"on"', "'on'"), ("1.0", "1.0")])
-def test_switch_default_must_be_a_boolean(tmp_path, value, shown):
-    text = SHIPPED.replace("  MINFER_MMQ_RAW:\n    default: on", f"  MINFER_MMQ_RAW:\n    default: {value}", 1)
-    msg = refused(write(tmp_path, text))
-    assert msg.endswith(f": gates.MINFER_MMQ_RAW.default: expected on or off, got {shown}")
+@pytest.mark.parametrize("value,problem", [
+    ("1", "expected on or off, got 1"), ("0", "expected on or off, got 0"),
+    ('"on"', "expected on, off or an integer mode, got 'on'"), ("1.0", "expected on, off or an integer mode, got 1.0"),
+])
+def test_switch_must_be_a_boolean(tmp_path, value, problem):
+    text = SHIPPED.replace("    MINFER_MMQ_RAW: on", f"    MINFER_MMQ_RAW: {value}", 1)
+    assert refused(write(tmp_path, text)).endswith(f": gates.mmq_triton.MINFER_MMQ_RAW: {problem}")
 
 
 @pytest.mark.parametrize("value", ["1.0", "true", '"1"'])
@@ -115,17 +121,11 @@ def test_version_must_be_the_integer_1(tmp_path, value):
     assert ": version: unsupported version " in msg and "(expected 1)" in msg
 
 
-def test_mode_keys_must_be_integers(tmp_path):
-    text = SHIPPED.replace("      1: fused producers", "      true: fused producers", 1)
-    msg = refused(write(tmp_path, text))
-    assert ": gates.MINFER_MMQ_A_FUSE.modes.True: unknown key" in msg
-
-
 # -- the command line -----------------------------------------------------------------------------
 
 def test_cli_duplicate_key_is_one_line_exit_2(tmp_path, capsys):
-    path = write(tmp_path, with_line_after("  MINFER_MMQ_RAW:\n    default: on", "    default: off"))
+    path = write(tmp_path, with_line_after("    MINFER_MMQ_RAW: on", "    MINFER_MMQ_RAW: off"))
     assert main(["--policy", str(path), "gates"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"minfer: error: {path}: gates.MINFER_MMQ_RAW.default: key given twice")
+    assert err.startswith(f"minfer: error: {path}: gates.mmq_triton.MINFER_MMQ_RAW: key given twice")
     assert err.count("\n") == 1

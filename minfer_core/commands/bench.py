@@ -41,7 +41,10 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..bench import gpu_memory, run_test
-    from ..configs import SWEEP, load_under, parse_config
+    from ..cli import blocked_plugins
+    from ..configs import load_under, parse_config, sweep
+    from ..gates import declared_gates
+    from ..plugins import get_plugin_manager
     from ..fetch import resolve_model
 
     if args.repetitions < 1:
@@ -49,7 +52,8 @@ def run(args) -> int:
     tests = [("pp", n) for n in _ints(args.n_prompt) if n > 0] + [("tg", n) for n in _ints(args.n_gen) if n > 0]
     if not tests:
         raise UserError("nothing to run: give -p or -n")
-    specs = list(args.config) + (list(SWEEP) if args.gates else [])
+    gates = declared_gates(get_plugin_manager(blocked=blocked_plugins(args))) if args.gates else {}
+    specs = list(args.config) + list(sweep(gates) if args.gates else [])
     configs = [parse_config(s) for s in (specs or ["default"])]
     path = resolve_model(args.model)
     n_ctx = max(n for _, n in tests) + 16
