@@ -34,7 +34,7 @@ def add_parser(sub):
                    help="run under this configuration: 'default' or KEY=VALUE[,..] with MINFER_* env overrides, "
                         "backend=NAME, plugin=no:NAME (repeatable; each loads the model anew)")
     p.add_argument("--gates", action="store_true",
-                   help="A/B sweep: the default, then each of the six gates at \"0\", then MINFER_MMQ_A_FUSE=1")
+                   help="A/B sweep: the default, then each declared gate (group gate) at \"0\", then each other mode of a mode gate")
     p.add_argument("--memory", action="store_true", help="add GPU memory after load and at peak (GiB)")
     return p
 
