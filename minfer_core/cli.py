@@ -18,7 +18,7 @@ def global_options(parser: argparse.ArgumentParser, top: bool) -> None:
     d = {} if top else {"default": argparse.SUPPRESS}
     g = parser.add_argument_group("plugins and policy")
     g.add_argument("--backend", metavar="NAME", **d,
-                   help="put this plugin first for all work it can serve (mmq_triton, f16_wmma, reference, ...); "
+                   help="put this plugin first for all work it can serve (reference or an installed plugin; see minfer plugins); "
                         "an error if it cannot run here")
     g.add_argument("--policy", metavar="FILE", **d,
                    help="gate policy YAML (default: $MINFER_POLICY or configs/gates.yaml)")

@@ -12,10 +12,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import UserError
-from .gates import GATES
 
-#: The sweep ``bench --gates`` runs: the default, each gate off, and mode 1.
-SWEEP = ("default",) + tuple(f"{g}=0" for g in GATES) + ("MINFER_MMQ_A_FUSE=1",)
+
+def sweep(gates) -> tuple[str, ...]:
+    """The sweep ``bench --gates`` runs: the default, each declared gate of group ``gate`` at "0",
+    then each other non-zero, non-default mode of a mode gate."""
+    main = [g for g in gates.values() if g.group == "gate"]
+    modes = [f"{g.name}={m}" for g in main if g.kind == "mode" for m in sorted(g.modes) if m and m != g.default]
+    return ("default",) + tuple(f"{g.name}=0" for g in main) + tuple(modes)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .config import ModelConfig, config_from_gguf
+from .gates import declared_gates
 from .dispatch import Plan, build_plan, check_backend, make_context, wrap_decode_step, wrap_step
 from .errors import UserError
 from .gguf_file import GGUFFile, ModelFileError, open_gguf
@@ -127,7 +128,7 @@ class Engine:
         dev = pick_device(device)
         pol = load_policy(policy)
         pm = get_plugin_manager(blocked=blocked, trace=trace_plugins)
-        ctx = make_context(dev, pol, trace=trace_dispatch)
+        ctx = make_context(dev, pol, trace=trace_dispatch, gates=declared_gates(pm))
         check_backend(pm, ctx, backend)  # an impossible --backend fails before any data moves
         weights = weights_from_file(gf, cfg, dev, progress=progress)
         plan = build_plan(weights, ctx, pm, pol, backend)

@@ -1,104 +1,127 @@
-"""The six MMQ gates and two plane builders: the one place ``MINFER_MMQ*`` variables are read.
+"""Gates: switches and modes that plugins declare (hook ``minfer_gates``), resolved once per load.
 
-Semantics (DESIGN.md, "The six gates"): an on/off gate that is unset, or set to anything other
-than ``"0"``, is ON; ``"0"`` is OFF. ``MINFER_MMQ_A_FUSE`` is a mode: unset = the default (2),
-``"1"`` = 1, ``"2"`` = 2, anything else = 0. The policy file supplies the default a gate takes
-when its variable is unset; the environment overrides it. Everything is read once, at load
-(:func:`resolve_gates`); forward passes only see the resolved values.
+The core knows no gate by name. Each plugin declares its own as :class:`~minfer_core.weights.Gate`
+data; the policy (``gates.<plugin>.<NAME>: value``) may change a default; the environment variable
+of the same name overrides both. Semantics (DESIGN.md, "The six gates"): a switch that is unset,
+or set to anything but ``"0"``, is ON, and ``"0"`` is OFF; a mode takes ``str(mode)`` for each of
+its modes and 0 for anything else. :func:`read_gate` is the one place a gate variable is read,
+and :func:`resolve_gates` reads each declared gate exactly once, at load; forward passes only see
+the resolved values.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Union
+
+from .weights import Gate
 
 if TYPE_CHECKING:  # pragma: no cover
     from .policy import Policy
 
-GATES = (
-    "MINFER_MMQ",
-    "MINFER_MMQ_RAW",
-    "MINFER_MMQ_RAW_NB",
-    "MINFER_MMQ_A_TRANSPOSE",
-    "MINFER_MMQ_Q6K_NB",
-    "MINFER_MMQ_A_FUSE",
-)
-PLANE_BUILDERS = ("MINFER_MMQ_Q6K_EXP", "MINFER_MMQ_Q4K_DSC")
-ALL_GATES = GATES + PLANE_BUILDERS
-FUSE_GATE = "MINFER_MMQ_A_FUSE"
-FUSE_MODES = (0, 1, 2)
-
-#: The verified-best values, in force when neither the policy nor the environment says otherwise.
-BUILTIN_DEFAULTS: dict[str, Union[bool, int]] = {g: True for g in ALL_GATES} | {FUSE_GATE: 2}
-
-#: The gates fuse modes 1 and 2 need on (with the mmq path applicable), as in the seed.
-FUSE_REQUIRES = ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_NB", "MINFER_MMQ_A_TRANSPOSE", "MINFER_MMQ_Q6K_NB")
+NAME_RE = re.compile(r"^MINFER_[A-Z0-9_]+$")
+HOOK = "minfer_gates"
 
 
-def read_gate(name: str, env: Mapping[str, str] = os.environ) -> Optional[str]:
-    """The raw value of a gate variable, or ``None`` when unset. Every gate read goes through here."""
-    if name not in ALL_GATES:
-        raise KeyError(f"unknown gate {name}")
+def read_gate(name: str, gates: Mapping[str, Gate], env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The raw value of a declared gate's variable, or ``None`` when unset. Every gate read goes
+    through here; an undeclared name is a ``KeyError``."""
+    if name not in gates:
+        raise KeyError(f"unknown gate {name} (declared: {', '.join(sorted(gates)) or 'none'})")
     return env.get(name)
-
-
-def gate_on(name: str, env: Mapping[str, str] = os.environ, default: bool = True) -> bool:
-    """An on/off gate: unset -> ``default``; ``"0"`` -> off; any other value -> on."""
-    if name == FUSE_GATE:
-        raise KeyError(f"{FUSE_GATE} is a mode, not a switch: use fuse_mode_requested()")
-    return switch_value(read_gate(name, env), default)
-
-
-def fuse_mode_requested(env: Mapping[str, str] = os.environ, default: int = 2) -> int:
-    """``MINFER_MMQ_A_FUSE``: unset -> ``default``; ``"1"`` -> 1; ``"2"`` -> 2; anything else -> 0."""
-    return fuse_value(read_gate(FUSE_GATE, env), default)
-
-
-def switch_value(raw: Optional[str], default: bool = True) -> bool:
-    """The on/off meaning of a raw value (``None`` = unset)."""
-    return default if raw is None else raw != "0"
-
-
-def fuse_value(raw: Optional[str], default: int = 2) -> int:
-    """The fuse-mode meaning of a raw value (``None`` = unset)."""
-    return default if raw is None else {"1": 1, "2": 2}.get(raw, 0)
 
 
 @dataclass
 class GateValue:
-    """A resolved gate. ``source``: ``default`` (the built-in value), ``yaml`` (the policy file
-    changed it) or ``env`` (the variable is set; ``raw`` holds its text)."""
+    """A resolved gate. ``source``: ``default`` (the plugin's default is in force), ``yaml`` (the
+    policy file changed it) or ``env`` (the variable is set; ``raw`` holds its text)."""
 
     name: str
     value: Union[bool, int]
     source: str
     raw: Optional[str]
     effect: str
+    gate: Optional[Gate] = None
 
     def shown(self) -> str:
-        """The value as a person reads it: ``on``/``off`` or the fuse mode."""
+        """The value as a person reads it: ``on``/``off`` or the mode."""
         if isinstance(self.value, bool):
             return "on" if self.value else "off"
         return str(self.value)
 
 
-def resolve_gates(policy: "Policy", env: Mapping[str, str] = os.environ) -> dict[str, GateValue]:
-    """Resolve all eight gates once: the policy's defaults, overridden by the environment."""
+def resolve_gates(policy: "Policy", gates: Mapping[str, Gate], env: Mapping[str, str] = os.environ,
+                  loaded: Optional[Iterable[str]] = None) -> dict[str, GateValue]:
+    """Resolve every declared gate once: plugin default, then the policy, then the environment.
+
+    ``loaded``: the plugins whose declarations ``gates`` holds (default: their owners); the policy's
+    entries for those are checked against the declarations (:meth:`Policy.check_gates`).
+    """
+    policy.check_gates(gates, set(loaded) if loaded is not None else {g.plugin for g in gates.values()})
     out: dict[str, GateValue] = {}
-    for name in ALL_GATES:
-        spec = policy.gates[name]
-        raw = read_gate(name, env)
-        parse = fuse_value if name == FUSE_GATE else switch_value
-        value: Union[bool, int] = parse(raw, spec.default)
-        if raw is not None:
-            source = "env"
-        else:
-            source = "default" if value == BUILTIN_DEFAULTS[name] else "yaml"
-        out[name] = GateValue(name, value, source, raw, spec.effect(value))
+    for name, gate in gates.items():
+        placed = policy.defaults.get(gate.plugin, {})
+        default = placed.get(name, gate.default)
+        raw = read_gate(name, gates, env)
+        value = default if raw is None else gate.parse(raw)
+        source = "env" if raw is not None else "default" if value == gate.default else "yaml"
+        out[name] = GateValue(name, value, source, raw, gate.effect(value), gate)
     return out
 
 
 def gate_values(resolved: Mapping[str, GateValue]) -> dict[str, Union[bool, int]]:
     """Just the values (what :class:`~minfer_core.weights.LoadContext` carries)."""
     return {name: g.value for name, g in resolved.items()}
+
+
+def declared_gates(pm) -> dict[str, Gate]:
+    """Every gate the registered plugins declare, by name, each checked (:func:`check_gate`).
+
+    Called on every registered plugin, applicable here or not (a declaration is data). A gate
+    declared twice, or a malformed declaration, is a :class:`~minfer_core.plugins.PluginError`;
+    a plugin whose hook raises declares nothing (with a warning).
+    """
+    from .plugins import PluginError, bad_return, call_each
+
+    out: dict[str, Gate] = {}
+    for plugin, gates in call_each(pm, HOOK):
+        if not isinstance(gates, (list, tuple)):
+            raise bad_return(plugin, HOOK, gates, "a list of minfer_core.weights.Gate")
+        for gate in gates:
+            if not isinstance(gate, Gate):
+                raise bad_return(plugin, HOOK, gate, "a list of minfer_core.weights.Gate")
+            problem = check_gate(gate)
+            if problem:
+                raise PluginError(f"plugin '{plugin}' hook {HOOK}: gate {gate.name!r}: {problem}; "
+                                  f"block it with -p no:{plugin}")
+            if gate.name in out:
+                raise PluginError(f"plugin '{plugin}' hook {HOOK}: gate {gate.name} is already declared by "
+                                  f"'{out[gate.name].plugin}'; block one with -p no:{plugin}")
+            gate.plugin = plugin
+            out[gate.name] = gate
+    return out
+
+
+def check_gate(g: Gate) -> str:
+    """What is wrong with a declaration, or ``""``."""
+    if not isinstance(g.name, str) or not NAME_RE.match(g.name):
+        return "the name must look like MINFER_SOMETHING (capitals, digits, underscores)"
+    if not isinstance(g.description, str) or not g.description.strip():
+        return "description: expected a non-empty string"
+    if not isinstance(g.labels, (list, tuple)) or not all(isinstance(x, str) and x for x in g.labels):
+        return "labels: expected a list of label prefixes"
+    if not isinstance(g.group, str) or not g.group:
+        return "group: expected a non-empty string"
+    if g.kind == "switch":
+        if type(g.default) is not bool:
+            return f"default: a switch takes True or False, got {g.default!r}"
+        if not isinstance(g.off, str) or not g.off.strip():
+            return "off: a switch must say what \"0\" does"
+        return ""
+    if not all(type(m) is int and m >= 0 and isinstance(t, str) and t for m, t in g.modes.items()) or 0 not in g.modes:
+        return "modes: expected {0: what off does, 1: ..., ...} (integers >= 0, 0 included, texts)"
+    if type(g.default) is not int or g.default not in g.modes:
+        return f"default: expected one of the modes {sorted(g.modes)}, got {g.default!r}"
+    return ""

@@ -22,8 +22,21 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # ---------------------------------------------------------------------------------------------
-# Load: hardware and weights
+# Load: gates, hardware and weights
 # ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def minfer_gates():
+    """Declare this plugin's gates: a list of :class:`~minfer_core.weights.Gate` (or ``None``).
+
+    Called once per load on every registered plugin, applicable here or not (``minfer gates``
+    lists them all). The core resolves each gate once (environment over the policy's
+    ``gates.<plugin>.<NAME>`` over the declared default) and hands the values to every hook as
+    ``ctx.gates``; a plugin reads its gates there, never from the environment. Names must be
+    unique across plugins; ``labels`` are the proof a gate is alive (docs/plugins.md, "Gates").
+    """
+
 
 
 @hookspec
@@ -71,37 +84,80 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 
 @hookspec
-def minfer_producer_candidates(kind, ctx):
-    """Offer fused producer kernels for prefill activations.
+def minfer_rmsnorm_candidates(ctx):
+    """Offer a fused RMSNorm producer for prefill: ``fn(x, w, eps) -> Activation``.
 
-    ``kind`` is ``"rmsnorm"`` or ``"swiglu"`` (consulted only when the resolved fuse mode,
-    ``ctx.fuse_mode``, is 1 or 2), or ``"prepass"`` (consulted whenever a chosen prefill kernel
-    reads the activation plane and ``MINFER_MMQ_A_TRANSPOSE`` is on, whatever the fuse mode). A
-    producer writes the activation plane the GEMMs read (and the f32 activation unless the fuse
-    mode is 2) and returns an :class:`~minfer_core.weights.Activation`:
-    ``rmsnorm: fn(x, w, eps)``, ``swiglu: fn(gu)`` with ``gu = [gate | up]`` of shape ``(M, 2F)``,
-    ``prepass: fn(x)`` (always writes both). Return a list of Candidates or ``None``.
+    Consulted only when the negotiated fuse mode (``ctx.fuse_mode``) is 1 or 2. The producer writes
+    the activation plane the GEMMs read, and the f32 rows ``(M, E)`` too unless the mode is 2.
+    Ranked by the policy's ``producer`` order. Return a list of Candidates or ``None``.
+    """
 
-    Two more kinds serve the single-token decode step; they are ranked by the policy's decode
-    order and must not depend on any gate: ``"decode_rmsnorm"``: ``fn(x, w, eps) -> f32 (M, E)``;
-    ``"decode_rope_kv"``: ``fn(q, k, v, cos, sin, k_cache, v_cache, pos, neox) -> q (H, D)``, which
-    rotates q (H*D,) and k (Hkv*D,), writes k and v into row ``pos`` (a (1,) device tensor, never
-    read on the host) of the layer's caches (n_ctx, Hkv, D). The reference backend offers both.
-    One kind serves the prefill and is ranked by the policy's prefill order (no gate either):
-    ``"prefill_rope_kv"``: ``fn(q, k, v, cos, sin, k_cache, v_cache, start, neox) -> q (T, H, D)``
-    rotates q (T, H, D) and k (T, Hkv, D) (heads contiguous, rows possibly strided) and writes k
-    and v into cache rows ``start .. start + T - 1``.
+
+@hookspec
+def minfer_swiglu_candidates(ctx):
+    """Offer a fused SwiGLU producer for prefill: ``fn(gu) -> Activation`` with ``gu = [gate | up]``
+    of shape ``(M, 2F)``. Consulted and written as :func:`minfer_rmsnorm_candidates` says."""
+
+
+@hookspec
+def minfer_prepass_candidates(ctx):
+    """Offer the activation prepass: ``fn(x) -> Activation`` writing both the f32 rows and the plane.
+
+    Consulted whenever a chosen prefill kernel reads the activation plane (its ``reads`` holds
+    ``"plane"``), whatever the fuse mode; with no offer the core converts with torch
+    (``ref.prepass``). Ranked by the policy's ``producer`` order. Return a list of Candidates or
+    ``None``.
+    """
+
+
+@hookspec
+def minfer_decode_rmsnorm_candidates(ctx):
+    """Offer the single-token RMSNorm: ``fn(x, w, eps) -> f32 (M, E)``. Ranked by the policy's
+    ``decode`` order; it must not depend on any prefill gate. The reference backend offers one."""
+
+
+@hookspec
+def minfer_decode_rope_kv_candidates(ctx):
+    """Offer the single-token RoPE + KV write:
+    ``fn(q, k, v, cos, sin, k_cache, v_cache, pos, neox) -> q (H, D)`` rotates q ``(H*D,)`` and k
+    ``(Hkv*D,)`` and writes k and v into row ``pos`` (a ``(1,)`` device tensor, never read on the
+    host) of the layer's caches ``(n_ctx, Hkv, D)``. Ranked by the policy's ``decode`` order; no gate.
+    The reference backend offers one."""
+
+
+@hookspec
+def minfer_prefill_rope_kv_candidates(ctx):
+    """Offer the prompt's RoPE + KV write:
+    ``fn(q, k, v, cos, sin, k_cache, v_cache, start, neox) -> q (T, H, D)`` rotates q ``(T, H, D)``
+    and k ``(T, Hkv, D)`` (heads contiguous, rows possibly strided) and writes k and v into cache
+    rows ``start .. start + T - 1``. Ranked by the policy's ``prefill`` order; no gate. The
+    reference backend offers one."""
+
+
+@hookspec
+def minfer_fuse_proposal(weights, readers, ctx):
+    """Propose the producer fuse mode, i.e. which activation formats this plugin's fused producers
+    write: mode 1 the plane and the f32 rows, mode 2 only the plane (0: plain producers).
+
+    Called once per load on every registered plugin, applicable here or not (the answer is a
+    statement about the model, shown by ``minfer gates -m``). A plugin that offers fused producers
+    returns ``(mode, reason)``: the highest mode its gates, the ``weights`` (a weight its consumers
+    cannot read from the plane forbids mode 2) and ``readers`` (debug readers of f32 activations)
+    allow, and why it is lower than asked (``""`` if not). Others return ``None``. The highest
+    proposal wins; where its plugin cannot run here the mode is 0. The core then lowers it to what
+    the chosen prefill consumers read (mode 2 only if every one reads the plane) and asks
+    :func:`minfer_fuse_mode`.
     """
 
 
 @hookspec
 def minfer_fuse_mode(model, requested, ctx):
-    """Veto or lower the producer fuse mode for this model.
+    """Veto or lower the negotiated fuse mode for this model.
 
-    Called once after registration with ``requested`` (1 or 2, already degraded by the core
-    for plane-only, consumer and debug-reader rules; not called when that is 0). Return ``None``
-    to accept it, or a lower integer with a reason as ``(mode, reason)``. The lowest mode any
-    plugin returns wins. ``model`` is whatever the caller of ``build_plan`` passed (may be None).
+    Called once after the consumers are chosen, with ``requested`` (1 or 2; not called when 0), on
+    applicable plugins. Return ``None`` to accept it, or a lower ``(mode, reason)``. The lowest
+    mode any plugin returns wins; a higher one is ignored. ``model`` is whatever the caller of
+    ``build_plan`` passed (may be None).
     """
 
 

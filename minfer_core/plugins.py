@@ -6,6 +6,19 @@ and can be neither. A hook implementation with no specification, a ``minfer_*`` 
 without ``@hookimpl`` and a plugin that fails to import are errors naming the plugin. The trace
 switch (``--trace-plugins`` / ``MINFER_TRACE_PLUGINS=1``) prints, on stderr, every hook call
 with what each plugin returned and, from :mod:`minfer_core.dispatch`, which candidate won.
+
+A plugin that misbehaves at load is handled by kind (docs/plugins.md, "When a plugin fails"):
+
+* a hook that **raises** leaves that plugin out of that decision (out of the whole load when it
+  is ``minfer_register_weight`` or ``minfer_applicable``), with one warning on stderr naming the
+  plugin and the hook; the policy's next plugin, and in the end the reference backend, serves the
+  work. When ``--backend`` names the plugin, the same failure is an error (explicit requests
+  fail loudly).
+* a hook that **returns the wrong thing** (a reason that is not a string, a candidate without a
+  callable, a wrapper that is not callable) is a :class:`PluginError` naming plugin and hook:
+  such a plugin is written against another contract and would fail on every load.
+* an entry point named ``reference`` is ignored with a warning: the built-in backend cannot be
+  displaced, blocked or left out by ``MINFER_LOAD_PLUGINS``.
 """
 
 from __future__ import annotations
@@ -53,6 +66,13 @@ class MinferPluginManager(pluggy.PluginManager):
         self.trace_calls = trace
         self.sources: dict[str, tuple[str, str]] = {}  # name -> (version, source)
         self.blocked_names: dict[str, str] = {}  # name -> why ("-p no:NAME" / "MINFER_LOAD_PLUGINS")
+        self.failures: list[str] = []  # one line per (plugin, hook) that raised during this load
+        self._warned: set = set()
+
+    def set_blocked(self, name: str) -> None:
+        if name == BUILTIN:  # pluggy would unregister the built-in backend
+            raise PluginError("the reference backend is built in and cannot be blocked")
+        super().set_blocked(name)
 
     def register(self, plugin, name: Optional[str] = None):
         name = name or self.get_canonical_name(plugin)
@@ -77,6 +97,15 @@ class MinferPluginManager(pluggy.PluginManager):
     def log(self, msg: str) -> None:
         if self.trace_calls:
             print(f"[minfer plugins] {msg}", file=sys.stderr, flush=True)
+
+    def warn(self, msg: str, key: Any = None) -> None:
+        """One warning on stderr per ``key`` (default: the message); kept in ``failures`` for the
+        plan's notes."""
+        key = msg if key is None else key
+        if key not in self._warned:
+            self._warned.add(key)
+            self.failures.append(msg)
+            print(f"minfer: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def installed_entry_points() -> dict[str, metadata.EntryPoint]:
@@ -111,7 +140,7 @@ def get_plugin_manager(blocked: Iterable[str] = (), allow: Optional[str] = _FROM
         allow = env.get(ENV_ALLOW)
     eps = installed_entry_points()
     known = {BUILTIN, *PROJECT_PLUGINS, *eps}
-    blocked = list(blocked)
+    blocked = list(dict.fromkeys(blocked))
     for name in blocked:
         if name == BUILTIN:
             raise PluginError("the reference backend is built in and cannot be blocked")
@@ -123,9 +152,13 @@ def get_plugin_manager(blocked: Iterable[str] = (), allow: Optional[str] = _FROM
         missing = sorted(allowed - set(eps))
         if missing:
             raise PluginError(f"{ENV_ALLOW}: plugin '{missing[0]}' is not installed "
-                              f"(installed: {', '.join(sorted(eps)) or 'none'})")
+                              f"(installed: {', '.join(sorted(set(eps) - {BUILTIN})) or 'none'})")
     _register_reference(pm)
     for name, ep in sorted(eps.items()):
+        if name == BUILTIN:  # the built-in backend cannot be displaced, blocked or left out
+            pm.warn(f"entry point 'reference' ({ep.value}) ignored: 'reference' is the built-in backend's name; "
+                    "rename the plugin")
+            continue
         version = ep.dist.version if ep.dist else "?"
         source = f"{ep.dist.name if ep.dist else '?'} (entry point {ep.value})"
         why = "-p no:" + name if name in blocked else f"not in {ENV_ALLOW}" if allowed is not None and name not in allowed else ""
@@ -180,20 +213,53 @@ def plugin_versions(pm: pluggy.PluginManager) -> list[tuple[str, str, list[str]]
 
 
 def call_each(pm: pluggy.PluginManager, hook_name: str, only: Optional[Iterable[str]] = None,
-              **kwargs) -> list[tuple[str, Any]]:
+              strict: Iterable[Optional[str]] = (), failed: Optional[list] = None, **kwargs) -> list[tuple[str, Any]]:
     """Call one hook on each plugin (or only those named), returning ``(plugin name, result)`` pairs
-    for the implementations that returned something; each call is traced when tracing is on."""
+    for the implementations that returned something; each call is traced when tracing is on.
+
+    An implementation that raises is left out of the result with a warning naming plugin and hook
+    (:func:`hook_failure`), unless its plugin is in ``strict`` (the ``--backend``): then it is a
+    :class:`PluginError`. The names of plugins that raised are appended to ``failed``.
+    """
     names = None if only is None else set(only)
+    strict = {s for s in strict if s}
     log = getattr(pm, "log", lambda msg: None)
     out = []
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         if names is not None and impl.plugin_name not in names:
             continue
-        result = impl.function(*[kwargs[a] for a in impl.argnames])
+        try:
+            result = impl.function(*[kwargs[a] for a in impl.argnames])
+        except Exception as e:  # a plugin's bug: name it, and let something else serve
+            msg = hook_failure(impl.plugin_name, hook_name, e)
+            if impl.plugin_name in strict:
+                raise PluginError(msg) from e
+            warn = getattr(pm, "warn", None)
+            if warn is None:
+                raise PluginError(msg) from e
+            warn(f"{msg} (left out of this decision)", key=(impl.plugin_name, hook_name))
+            if failed is not None:
+                failed.append(impl.plugin_name)
+            continue
         log(f"{hook_name}({_args(kwargs)}) {impl.plugin_name} -> {_short(result)}")
         if result is not None:
             out.append((impl.plugin_name, result))
     return out
+
+
+def hook_failure(plugin: str, hook: str, e: BaseException) -> str:
+    """``plugin 'foo' hook minfer_x raised ValueError: ...; block it with -p no:foo`` (one line)."""
+    text = " ".join(str(e).split())
+    if len(text) > 200:
+        text = text[:197] + "..."
+    how = "a bug in minfer's built-in backend" if plugin == BUILTIN else f"block it with -p no:{plugin}"
+    return f"plugin '{plugin}' hook {hook} raised {type(e).__name__}: {text}; {how}"
+
+
+def bad_return(plugin: str, hook: str, got: Any, expected: str) -> PluginError:
+    """The error for a hook that returned something outside its contract."""
+    how = "" if plugin == BUILTIN else f"; block it with -p no:{plugin}"
+    return PluginError(f"plugin '{plugin}' hook {hook} returned {_short(got)}: expected {expected}{how}")
 
 
 def _args(kwargs: dict) -> str:

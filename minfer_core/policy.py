@@ -1,22 +1,22 @@
 """The gate policy: ``configs/gates.yaml`` (or ``--policy FILE`` / ``MINFER_POLICY``), validated.
 
-The file gives each gate its default, what it does on and off, the plugins whose candidates it
-enables and the label prefixes that prove it alive; and, for each class of work, the order in
-which plugins' candidates are ranked. Validation is strict: any problem is one
-:class:`PolicyError` reading ``"<file>: <key>: <problem>"``.
+The file orders, for each class of work, the plugins whose candidates win, and places gates:
+``gates.<plugin>.<NAME>: value`` changes the default of a gate that plugin declares (hook
+``minfer_gates``). Validation is strict: any problem is one :class:`PolicyError` reading
+``"<file>: <key>: <problem>"``; the gate entries are checked against the declarations when the
+gates are resolved (:meth:`Policy.check_gates`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
-
-import yaml
+from typing import Any, Iterable, Mapping, Optional, Union
 
 from .errors import UserError
-from .gates import ALL_GATES, FUSE_GATE, FUSE_MODES, PLANE_BUILDERS
+from .gates import NAME_RE
+from .strict_yaml import YamlRefusal, read_strict
 
 #: Classes of work the policy orders, in the order ``minfer gates`` shows them.
 WORK = ("prefill", "decode", "producer", "attention", "decode_step", "prefill_step")
@@ -35,35 +35,35 @@ class PolicyError(UserError):
 
 
 @dataclass
-class GateSpec:
-    """One gate's entry in the policy."""
-
-    name: str
-    kind: str  # "gate" or "builder"
-    default: Union[bool, int]
-    description: str  # what ON (or, for the fuse gate, the gate as a whole) means
-    off: str = ""  # what "0" means (switches)
-    modes: dict[int, str] = field(default_factory=dict)  # fuse gate: mode -> meaning
-    enables: list[str] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
-
-    def effect(self, value: Union[bool, int]) -> str:
-        """What this value of the gate does."""
-        if self.name == FUSE_GATE:
-            return self.modes[int(value)]
-        return self.description if value else self.off
-
-
-@dataclass
 class Policy:
     path: Path
-    gates: dict[str, GateSpec]
+    defaults: dict[str, dict[str, Union[bool, int]]]  # plugin -> gate -> the value the file gives
     order: dict[str, list[str]]
 
     def plugins(self) -> set[str]:
         """Every plugin the policy names."""
-        names = {p for ps in self.order.values() for p in ps}
-        return names | {p for g in self.gates.values() for p in g.enables}
+        return {p for ps in self.order.values() for p in ps} | set(self.defaults)
+
+    def check_gates(self, gates: Mapping[str, Any], loaded: set[str]) -> None:
+        """Check ``gates.<plugin>.<NAME>`` entries against what the loaded plugins declare (a
+        plugin not loaded here cannot be checked; its entries are not in force)."""
+        for plugin, entries in self.defaults.items():
+            if plugin not in loaded:
+                continue
+            for name, value in entries.items():
+                key = f"gates.{plugin}.{name}"
+                gate = gates.get(name)
+                if gate is None or gate.plugin != plugin:
+                    own = sorted(g.name for g in gates.values() if g.plugin == plugin)
+                    hint = (f"belongs under gates.{gate.plugin}" if gate is not None else
+                            f"unknown gate ({plugin} declares: {', '.join(own) or 'none'})")
+                    raise PolicyError(self.path, key, hint)
+                if gate.kind == "switch" and type(value) is not bool:
+                    raise PolicyError(self.path, key, f"expected on or off, got {value!r}")
+                if gate.kind == "mode" and (type(value) is not int or value not in gate.modes):
+                    modes = sorted(gate.modes)
+                    want = ", ".join(map(str, modes[:-1])) + f" or {modes[-1]}"
+                    raise PolicyError(self.path, key, f"expected a mode {want}, got {value!r}")
 
 
 def default_policy_path() -> Path:
@@ -88,15 +88,11 @@ def load_policy(path: Optional[Union[str, Path]] = None, known_plugins: Optional
 
         known_plugins = known_plugin_names()
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_strict(path)
     except (OSError, UnicodeDecodeError) as e:
         raise PolicyError(path, "file", f"cannot read: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "yaml"
-        raise PolicyError(path, where, f"not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except YamlRefusal as e:
+        raise PolicyError(path, e.key, e.problem) from None
     return _Validator(path, set(known_plugins)).policy(data)
 
 
@@ -115,8 +111,8 @@ class _Validator:
             return value
         allowed = list(required) + list(optional)
         for k in value:
-            if k not in allowed:
-                self.fail(f"{key}.{k}" if key else str(k), f"unknown key (expected one of: {', '.join(allowed)})")
+            if not any(k == a and type(k) is type(a) for a in allowed):  # exact: true is not 1
+                self.fail(f"{key}.{k}" if key else str(k), f"unknown key (expected one of: {', '.join(map(str, allowed))})")
         for k in required:
             if k not in value:
                 self.fail(f"{key}.{k}" if key else k, "missing")
@@ -144,47 +140,24 @@ class _Validator:
     def policy(self, data: Any) -> Policy:
         if data is None:
             self.fail("file", "empty policy")
-        top = self.mapping(data, "", ("version", "gates", "plane_builders", "order"))
-        if top["version"] != 1 or isinstance(top["version"], bool):
+        top = self.mapping(data, "", ("version", "order"), ("gates",))
+        if type(top["version"]) is not int or top["version"] != 1:
             self.fail("version", f"unsupported version {top['version']!r} (expected 1)")
-        gates = {}
-        for section, kind, names in (("gates", "gate", ALL_GATES[:6]), ("plane_builders", "builder", PLANE_BUILDERS)):
-            entries = self.mapping(top[section], section, None)
-            for name in entries:
-                if name not in names:
-                    other = "plane_builders" if name in PLANE_BUILDERS else "gates" if name in ALL_GATES else None
-                    hint = f"belongs under {other}" if other else f"unknown gate (known: {', '.join(names)})"
-                    self.fail(f"{section}.{name}", hint)
-            for name in names:
-                if name not in entries:
-                    self.fail(f"{section}.{name}", "missing")
-                gates[name] = self.gate(entries[name], f"{section}.{name}", name, kind)
+        defaults: dict[str, dict[str, Union[bool, int]]] = {}
+        for plugin, entries in self.mapping(top.get("gates") or {}, "gates", None).items():
+            key = f"gates.{plugin}"
+            if not isinstance(plugin, str) or plugin not in self.known:
+                self.fail(key, f"unknown plugin '{plugin}' (known: {', '.join(sorted(self.known))})")
+            entries = self.mapping(entries, key, None)
+            for name, value in entries.items():
+                if not isinstance(name, str) or not NAME_RE.match(name):
+                    self.fail(f"{key}.{name}", "expected a gate name MINFER_...")
+                if type(value) not in (bool, int):  # exactly: on/off or an integer mode, never 1.0 or "2"
+                    self.fail(f"{key}.{name}", f"expected on, off or an integer mode, got {value!r}")
+            defaults[plugin] = dict(entries)
         required = [w for w in WORK if w not in OPTIONAL_WORK]
         order = self.mapping(top["order"], "order", required, OPTIONAL_WORK)
-        return Policy(self.path, gates, {w: self.names(order.get(w), f"order.{w}") for w in WORK})
-
-    def gate(self, entry: Any, key: str, name: str, kind: str) -> GateSpec:
-        common = ("default", "description", "enables", "labels")
-        if name == FUSE_GATE:
-            e = self.mapping(entry, key, common + ("modes",))
-            d = e["default"]
-            if isinstance(d, bool) or d not in FUSE_MODES:
-                self.fail(f"{key}.default", f"expected a fuse mode 0, 1 or 2, got {d!r}")
-            modes = self.mapping(e["modes"], f"{key}.modes", FUSE_MODES)
-            texts = {m: self.text(modes[m], f"{key}.modes.{m}") for m in FUSE_MODES}
-            spec = GateSpec(name, kind, d, self.text(e["description"], f"{key}.description"), modes=texts)
-        else:
-            e = self.mapping(entry, key, common + ("when_off",))
-            d = e["default"]
-            if not isinstance(d, bool):
-                self.fail(f"{key}.default", f"expected on or off, got {d!r}")
-            spec = GateSpec(name, kind, d, self.text(e["description"], f"{key}.description"),
-                            off=self.text(e["when_off"], f"{key}.when_off"))
-        spec.enables = self.names(e["enables"], f"{key}.enables")
-        spec.labels = self.names(e["labels"], f"{key}.labels", what="label prefix")
-        if not spec.labels:
-            self.fail(f"{key}.labels", "expected at least one label prefix (the proof the gate is alive)")
-        return spec
+        return Policy(self.path, defaults, {w: self.names(order.get(w), f"order.{w}") for w in WORK})
 
 
 def _kind(v: Any) -> str:

@@ -36,9 +36,6 @@ SUPPORTED = (
 
 QUANTS: dict[QT, QuantInfo] = {t: QuantInfo(t, *GGML_QUANT_SIZES[t]) for t in SUPPORTED}
 
-#: Types the registration-time plane family (``MINFER_MMQ_RAW_NB``) consumes.
-PLANE_TYPES = (QT.Q4_K, QT.Q6_K)
-
 
 def info(qtype) -> QuantInfo:
     """Look up a type; ``KeyError`` names it when the reference backend cannot read it."""

@@ -107,14 +107,18 @@ def rope_kv_rows(q, k, v, cos, sin, k_cache, v_cache, start: int, neox: bool) ->
 
 
 @hookimpl
-def minfer_producer_candidates(kind, ctx):
-    if kind == "decode_rmsnorm":
-        return [Candidate(NAME, "ref.dec.rmsnorm", rmsnorm_rows)]
-    if kind == "decode_rope_kv":
-        return [Candidate(NAME, "ref.dec.rope_kv", rope_kv_write)]
-    if kind == "prefill_rope_kv":
-        return [Candidate(NAME, "ref.pre.rope_kv", rope_kv_rows)]
-    return None
+def minfer_decode_rmsnorm_candidates(ctx):
+    return [Candidate(NAME, "ref.dec.rmsnorm", rmsnorm_rows)]
+
+
+@hookimpl
+def minfer_decode_rope_kv_candidates(ctx):
+    return [Candidate(NAME, "ref.dec.rope_kv", rope_kv_write)]
+
+
+@hookimpl
+def minfer_prefill_rope_kv_candidates(ctx):
+    return [Candidate(NAME, "ref.pre.rope_kv", rope_kv_rows)]
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -46,7 +46,8 @@ class Activation:
 
     ``f32``: the float32 rows ``(M, K)`` (absent under fuse mode 2).
     ``plane``: the layout the plane-family GEMMs read (bf16 ``(M, K)``), written once per
-    producer when ``MINFER_MMQ_A_TRANSPOSE`` is on; absent otherwise.
+    producer when a chosen prefill consumer reads it (a ``Candidate`` whose ``reads`` holds
+    ``"plane"``); absent otherwise.
     """
 
     f32: Optional[torch.Tensor]
@@ -63,7 +64,7 @@ class Candidate:
     """A kernel offered by a plugin.
 
     ``plugin``: the offering plugin's name (the policy orders by it). ``label``: the dispatch label
-    recorded each time the kernel runs (e.g. ``mmq.q4k.nb``). ``fn``: the callable; for matmuls
+    recorded each time the kernel runs (e.g. ``example.q8_0``). ``fn``: the callable; for matmuls
     ``fn(act: Activation | Tensor) -> Tensor``, for producers see the core's producer contract.
     ``gate``: the gate this candidate depends on, if any (for ``minfer gates``).
     ``fuses`` (decode matmuls): what ``fn`` also does when asked through keywords, so the step
@@ -93,12 +94,58 @@ class LoadContext:
     gates: dict[str, Any]
     fuse_mode: int = 0
     trace: bool = False
-    mmq_off_reason: str = ""  # why the mmq path cannot run here ("" when it can); fallbacks read it
+    #: plugin -> None (it can run here) or why not; filled before registration. A plugin whose
+    #: fallback depends on another plugin (a cache built where that one cannot run) reads it.
+    applicable: dict[str, Optional[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def gate_on(self, name: str) -> bool:
         """The resolved value of an on/off gate (never reads the environment)."""
         return bool(self.gates[name])
+
+
+@dataclass
+class Gate:
+    """A switch or a mode a plugin declares (hook ``minfer_gates``); its value comes from the
+    environment variable ``name``, else the policy's ``gates.<plugin>.<name>``, else ``default``.
+
+    ``kind`` is ``"switch"`` when ``modes`` is empty: unset or any value but ``"0"`` is ON, ``"0"``
+    is OFF, and ``default`` is a bool. Otherwise ``"mode"``: ``modes`` maps each integer mode (0
+    included: what "off" means) to what it does; a variable equal to ``str(mode)`` selects that
+    mode and any other value selects 0; ``default`` is one of the modes.
+    ``description``: what ON means (a switch) or what the gate governs (a mode); ``off``: what
+    ``"0"`` does (a switch). ``labels``: dispatch-label prefixes that prove the gate alive (they
+    appear under ``--trace-dispatch`` when it is on and vanish at ``"0"``); empty for a gate that
+    changes how a kernel runs, not which one. ``group``: the heading ``minfer gates`` lists it
+    under (``gate``, ``plane_builder``, ``decode`` ...). ``plugin`` is filled in by the core.
+    """
+
+    name: str
+    default: Union[bool, int]
+    description: str
+    off: str = ""
+    modes: dict[int, str] = field(default_factory=dict)
+    labels: tuple[str, ...] = ()
+    group: str = "gate"
+    plugin: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "mode" if self.modes else "switch"
+
+    def parse(self, raw: Optional[str]) -> Union[bool, int]:
+        """The value a raw variable (``None``: unset) gives, with ``default`` for unset."""
+        if raw is None:
+            return self.default
+        if self.kind == "switch":
+            return raw != "0"
+        return {str(m): m for m in self.modes if m}.get(raw, 0)
+
+    def effect(self, value: Union[bool, int]) -> str:
+        """What this value of the gate does."""
+        if self.kind == "mode":
+            return self.modes[int(value)]
+        return self.description if value else self.off
 
 
 DecodeStep = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from minfer_core.configs import applied, parse_config  # noqa: E402
 from minfer_core.engine import Engine  # noqa: E402
-from minfer_core.gates import GATES  # noqa: E402
+from minfer_mmq_triton.routes import GATES  # noqa: E402
 from test_kernels_e2e import device, tiny_model  # noqa: E402
 
 # The interpreter runs the decode kernels slowly (~10 s a token here), so on the CPU the plans

@@ -23,7 +23,7 @@ from minfer_core.commands.gates import open_header
 from minfer_core.config import config_from_gguf
 from minfer_core.dispatch import BackendError, build_plan, make_context, wrap_decode_step
 from minfer_core.errors import UserError
-from minfer_core.gates import GATES, PLANE_BUILDERS
+from minfer_core.gates import declared_gates
 from minfer_core.gguf_file import open_gguf
 from minfer_core.hookspecs import hookimpl
 from minfer_core.loader import weights_from_file
@@ -33,6 +33,9 @@ from minfer_core.policy import load_policy
 from minfer_core.quants import QUANTS
 from minfer_core.reference import dense
 from minfer_core.weights import Activation, Candidate
+from minfer_mmq_triton.routes import GATES, PLANE_BUILDERS
+from minfer_mmq_triton.routes import declared_gates as mmq_gates
+from minfer_mmq_triton.routes import fuse_proposal
 
 GPU_CC = (9, 0)
 LAYOUT_7B = Path("/work/shared/models/qwen2-7b-q4_k_m.layout.gguf.xz")
@@ -153,21 +156,32 @@ class MmqStandIn:
         return [Candidate(self.NAME, label, _ref_fn(weight, reads), reads=reads)]
 
     @hookimpl
-    def minfer_producer_candidates(self, kind, ctx):
-        mode = ctx.fuse_mode
+    def minfer_gates(self):
+        return mmq_gates()  # the real plugin's declarations: the gates are data
 
-        def write(y):
-            return Activation(None if mode == 2 else y, y.to(torch.bfloat16))
+    @hookimpl
+    def minfer_fuse_proposal(self, weights, readers, ctx):
+        return fuse_proposal(weights, readers, ctx)
 
-        if kind == "prepass":
-            return [Candidate(self.NAME, "mmq.prepass", lambda x: Activation(x, x.to(torch.bfloat16)))]
-        if kind == "rmsnorm" and mode:
-            fn = lambda x, w, eps: write(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)  # noqa: E731
-            return [Candidate(self.NAME, f"mmq.fuse{mode}.rmsnorm", fn)]
-        if kind == "swiglu" and mode:
-            fn = lambda gu: write(F.silu(gu.chunk(2, -1)[0]) * gu.chunk(2, -1)[1])  # noqa: E731
-            return [Candidate(self.NAME, f"mmq.fuse{mode}.swiglu", fn)]
-        return None
+    @staticmethod
+    def _write(mode):
+        return lambda y: Activation(None if mode == 2 else y, y.to(torch.bfloat16))
+
+    @hookimpl
+    def minfer_prepass_candidates(self, ctx):
+        return [Candidate(self.NAME, "mmq.prepass", lambda x: Activation(x, x.to(torch.bfloat16)))]
+
+    @hookimpl
+    def minfer_rmsnorm_candidates(self, ctx):
+        mode, write = ctx.fuse_mode, self._write(ctx.fuse_mode)
+        fn = lambda x, w, eps: write(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)  # noqa: E731
+        return [Candidate(self.NAME, f"mmq.fuse{mode}.rmsnorm", fn)] if mode else None
+
+    @hookimpl
+    def minfer_swiglu_candidates(self, ctx):
+        mode, write = ctx.fuse_mode, self._write(ctx.fuse_mode)
+        fn = lambda gu: write(F.silu(gu.chunk(2, -1)[0]) * gu.chunk(2, -1)[1])  # noqa: E731
+        return [Candidate(self.NAME, f"mmq.fuse{mode}.swiglu", fn)] if mode else None
 
 
 class F16StandIn:
@@ -206,8 +220,13 @@ def all_standins():
     return (F16StandIn(), GraphsStandIn(), MmqStandIn())  # deliberately not in policy order
 
 
+def gate_table():
+    """The gates the stand-ins declare (the real mmq_triton's), as the core collects them."""
+    return declared_gates(manager(MmqStandIn()))
+
+
 def gpu_ctx(policy, env=None, cc=GPU_CC):
-    ctx = make_context("cpu", policy, env={} if env is None else env)
+    ctx = make_context("cpu", policy, env={} if env is None else env, gates=gate_table())
     ctx.compute_capability = cc  # kernels are reference math: they run anywhere
     return ctx
 
@@ -277,7 +296,8 @@ def test_reference_alone_serves_everything(policy, mixed_model):
         for phase in ("prefill", "decode"):
             assert getattr(plan, phase)[w.name].label == f"ref.{QT(w.qtype).name.lower()}"
     assert plan.attention["prefill"].plugin == plan.attention["decode"].plugin == "reference"
-    assert plan.fuse_mode == 0 and "mmq_triton" in plan.mmq_off_reason and plan.decode_step is None
+    assert plan.fuse_mode == 0 and plan.fuse.proposer is None and plan.decode_step is None
+    assert plan.fuse_reason == "no plugin offers fused producers"
 
 
 def test_candidate_must_name_its_plugin(policy, plane_model):
@@ -334,7 +354,8 @@ def test_backend_blocked_is_an_error(policy, plane_model):
 def test_old_gpu_turns_mmq_off_with_reason(policy, plane_model):
     plan = build_plan(table_weights(plane_model), gpu_ctx(policy, cc=(7, 5)), manager(*all_standins()), policy,
                       register=False)
-    assert "7.5" in plan.mmq_off_reason and plan.fuse_mode == 0 and "7.5" in plan.fuse_reason
+    assert "7.5" in plan.fuse.off_reason and plan.fuse_mode == 0 and "7.5" in plan.fuse_reason
+    assert plan.fuse.off_reason.startswith("mmq_triton cannot run here: ")
     assert {c.plugin for c in plan.prefill.values()} == {"f16_wmma"}
     assert plan.model_fuse_mode == 2  # what the model itself would allow
 
@@ -490,7 +511,7 @@ def _alive(counts, prefixes):
 @pytest.mark.parametrize("gate", GATES + PLANE_BUILDERS)
 def test_gate_liveness(policy, request, model, gate):
     path = request.getfixturevalue(model)
-    prefixes = policy.gates[gate].labels
+    prefixes = gate_table()[gate].labels
     counts, plan = run_labels(policy, path, {})
     assert _alive(counts, prefixes), f"{gate}: none of {prefixes} in {sorted(counts)}"
     off, _ = run_labels(policy, path, {gate: "0"})
@@ -516,7 +537,7 @@ def test_gate_liveness_real_mmq_triton(policy, request, model, monkeypatch):
     base, plan = run_labels(policy, path, {}, real_mmq_manager, decode=False)  # decode reads no gate
     assert plan.fuse_mode == (2 if model == "plane_model" else 1), plan.fuse_reason
     for gate in GATES + PLANE_BUILDERS:
-        prefixes = policy.gates[gate].labels
+        prefixes = gate_table()[gate].labels
         assert _alive(base, prefixes), f"{gate}: none of {prefixes} in {sorted(base)}"
         off, _ = run_labels(policy, path, {gate: "0"}, real_mmq_manager, decode=False)
         assert not _alive(off, prefixes), f"{gate}=0 still runs {_alive(off, prefixes)}"
@@ -556,12 +577,14 @@ class CountingEnv(dict):
 
 def test_gates_read_once_at_load_and_never_in_forward(policy, mixed_model, monkeypatch):
     env = CountingEnv({"MINFER_MMQ_A_FUSE": "1"})
-    ctx = make_context("cpu", policy, env=env)
-    assert sorted(env.reads) == sorted(GATES + PLANE_BUILDERS)  # each gate read exactly once
+    table = gate_table()
+    ctx = make_context("cpu", policy, env=env, gates=table)
+    assert sorted(env.reads) == sorted(table)  # each declared gate read exactly once
+    assert set(GATES + PLANE_BUILDERS) <= set(table)
     ctx.compute_capability = GPU_CC
     ws = loaded_weights(mixed_model)
     plan = build_plan(ws, ctx, manager(*all_standins()), policy)
-    assert len(env.reads) == 8 and plan.fuse_mode == 1
+    assert len(env.reads) == len(table) and plan.fuse_mode == 1
 
     class NoEnv(dict):
         def __getitem__(self, k):

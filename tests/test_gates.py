@@ -12,14 +12,31 @@ import yaml
 from gguf import GGMLQuantizationType as QT
 
 from minfer_core.cli import main
-from minfer_core.gates import (ALL_GATES, BUILTIN_DEFAULTS, FUSE_GATE, GATES, PLANE_BUILDERS, fuse_mode_requested,
-                               gate_on, read_gate, resolve_gates)
+from minfer_core.gates import read_gate, resolve_gates
 from minfer_core.policy import load_policy
-from test_dispatch import LAYOUT_7B, write_tiny_model
+from minfer_mmq_triton.routes import DECODE_SWITCHES, FUSE_GATE, GATES, PLANE_BUILDERS
+from test_dispatch import LAYOUT_7B, gate_table, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
+ALL_GATES = GATES + PLANE_BUILDERS
 SWITCHES = [g for g in ALL_GATES if g != FUSE_GATE]
 KNOWN = {"reference", "mmq_triton", "f16_wmma", "cuda_graphs", "example"}
+TABLE = gate_table()  # what mmq_triton declares, collected by the core
+#: The verified-best values (DESIGN.md): every switch on, fuse mode 2.
+BUILTIN_DEFAULTS = {g: True for g in ALL_GATES + DECODE_SWITCHES} | {FUSE_GATE: 2}
+SHOWN = set(ALL_GATES + DECODE_SWITCHES + ("MINFER_EXAMPLE_Q8",))  # every installed plugin's gates
+
+
+def gate_on(name, env):
+    """A switch as the core resolves it: the one read function, then the declared semantics."""
+    gate = TABLE[name]
+    if gate.kind != "switch":
+        raise KeyError(f"{name} is a mode")
+    return gate.parse(read_gate(name, TABLE, env))
+
+
+def fuse_mode_requested(env):
+    return TABLE[FUSE_GATE].parse(read_gate(FUSE_GATE, TABLE, env))
 
 
 # -- the one read function and its semantics (DESIGN.md, "The six gates") ---------------------
@@ -39,6 +56,9 @@ def test_fuse_mode_semantics(raw, mode):
 
 
 def test_six_gates_and_two_builders():
+    assert [g for g in TABLE if TABLE[g].group == "gate"] == list(GATES)
+    assert [g for g in TABLE if TABLE[g].group == "plane_builder"] == list(PLANE_BUILDERS)
+    assert {g.plugin for g in TABLE.values()} == {"mmq_triton"} and TABLE[FUSE_GATE].kind == "mode"
     assert GATES == ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_NB", "MINFER_MMQ_A_TRANSPOSE",
                      "MINFER_MMQ_Q6K_NB", "MINFER_MMQ_A_FUSE")
     assert PLANE_BUILDERS == ("MINFER_MMQ_Q6K_EXP", "MINFER_MMQ_Q4K_DSC")
@@ -53,8 +73,7 @@ def test_six_gates_and_two_builders():
 def policy_with_defaults(tmp_path, defaults: dict):
     data = yaml.safe_load((ROOT / "configs" / "gates.yaml").read_text())
     for name, value in defaults.items():
-        section = "plane_builders" if name in PLANE_BUILDERS else "gates"
-        data[section][name]["default"] = value
+        data["gates"]["mmq_triton"][name] = value
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump(data))
     return load_policy(p, known_plugins=KNOWN)
@@ -65,14 +84,14 @@ def policy_with_defaults(tmp_path, defaults: dict):
 def test_switch_override_matrix(tmp_path, yaml_default, raw):
     policy = policy_with_defaults(tmp_path, {g: yaml_default for g in SWITCHES})
     env = {} if raw is None else {g: raw for g in SWITCHES}
-    resolved = resolve_gates(policy, env)
+    resolved = resolve_gates(policy, TABLE, env)
     for g in SWITCHES:
         v = resolved[g]
         want = yaml_default if raw is None else raw != "0"
         assert v.value is want, (g, raw)
         assert v.source == ("env" if raw is not None else "default" if yaml_default else "yaml")
         assert v.raw == raw
-        spec = policy.gates[g]
+        spec = TABLE[g]
         assert v.effect == (spec.description if want else spec.off)
 
 
@@ -80,23 +99,24 @@ def test_switch_override_matrix(tmp_path, yaml_default, raw):
 @pytest.mark.parametrize("raw", [None, "0", "1", "2", "x"])
 def test_fuse_override_matrix(tmp_path, yaml_default, raw):
     policy = policy_with_defaults(tmp_path, {FUSE_GATE: yaml_default})
-    v = resolve_gates(policy, {} if raw is None else {FUSE_GATE: raw})[FUSE_GATE]
+    v = resolve_gates(policy, TABLE, {} if raw is None else {FUSE_GATE: raw})[FUSE_GATE]
     want = yaml_default if raw is None else {"1": 1, "2": 2}.get(raw, 0)
-    assert v.value == want and v.effect == policy.gates[FUSE_GATE].modes[want]
+    assert v.value == want and v.effect == TABLE[FUSE_GATE].modes[want]
     assert v.source == ("env" if raw is not None else "default" if yaml_default == 2 else "yaml")
 
 
 def test_builtin_defaults_are_the_shipped_ones():
     policy = load_policy(ROOT / "configs" / "gates.yaml", known_plugins=KNOWN)
-    resolved = resolve_gates(policy, {})
+    resolved = resolve_gates(policy, TABLE, {})
     assert {g: v.value for g, v in resolved.items()} == BUILTIN_DEFAULTS
     assert {v.source for v in resolved.values()} == {"default"}
 
 
-def test_only_gates_module_reads_mmq_variables():
-    """Every MINFER_MMQ* read goes through minfer_core.gates (seed §3.1: single-sourced)."""
-    pattern = re.compile(r"(environ|getenv)[^\n]*MINFER_MMQ|MINFER_MMQ[^\n]*(environ|getenv)")
-    files = [p for d in ("minfer_core", "plugins") for p in (ROOT / d).rglob("*.py")]
+def test_only_gates_module_reads_gate_variables():
+    """Every gate read goes through minfer_core.gates (seed §3.1: single-sourced)."""
+    names = "|".join(SHOWN)
+    pattern = re.compile(rf"(environ|getenv)[^\n]*({names})|({names})[^\n]*(environ|getenv)")
+    files = [p for d in ("minfer_core", "plugins", "examples") for p in (ROOT / d).rglob("*.py")]
     offenders = [str(p.relative_to(ROOT)) for p in files if p.name != "gates.py" and pattern.search(p.read_text())]
     assert not offenders, offenders
 
@@ -116,7 +136,7 @@ def test_gates_text_shows_value_source_effect(capsys, monkeypatch):
     rc, out, _ = gates_cli(capsys)
     assert rc == 0
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("MINFER_")}
-    assert set(lines) == set(ALL_GATES)
+    assert set(lines) == SHOWN
     assert re.match(r"MINFER_MMQ\s+off\s+env \('0'\)\s+mmq_triton offers nothing for prefill", lines["MINFER_MMQ"])
     assert re.match(r"MINFER_MMQ_A_FUSE\s+2\s+default\s+fused producers write only", lines[FUSE_GATE])
     assert "prefill      mmq_triton > f16_wmma > reference" in out
@@ -130,7 +150,9 @@ def test_gates_json(capsys, monkeypatch):
     data = json.loads(out)
     g = {x["name"]: x for x in data["gates"]}
     assert g[FUSE_GATE]["value"] == 1 and g[FUSE_GATE]["source"] == "env" and g[FUSE_GATE]["raw"] == "1"
-    assert g["MINFER_MMQ_Q6K_EXP"]["kind"] == "plane_builder" and g["MINFER_MMQ"]["labels"]
+    assert g["MINFER_MMQ_Q6K_EXP"]["group"] == "plane_builder" and g["MINFER_MMQ"]["labels"]
+    assert g["MINFER_MMQ"]["kind"] == "switch" and g[FUSE_GATE]["kind"] == "mode"
+    assert g["MINFER_MMQ"]["plugin"] == g["MINFER_PDL"]["plugin"] == "mmq_triton"
     assert data["order"]["decode_step"] == ["cuda_graphs"]
 
 
@@ -143,14 +165,14 @@ def test_gates_model_on_cpu_shows_model_and_hardware(capsys, monkeypatch, qwen_p
     m = json.loads(out)["model"]
     assert m["model_fuse_mode"] == 1
     assert re.search(r"degraded to 1: blk\.0\.attn_q is Q5_0", m["model_fuse_reason"]), m["model_fuse_reason"]
-    assert m["fuse_mode"] == 0 and m["mmq_off_reason"].startswith("mmq_triton cannot run here: ")
-    assert m["fuse_reason"] == f"mmq path off: {m['mmq_off_reason']}"
+    assert m["fuse_mode"] == 0 and m["fuse_off_reason"].startswith("mmq_triton cannot run here: ")
+    assert m["fuse_reason"] == f"fused producers off: {m['fuse_off_reason']}" and m["fuse_plugin"] == "mmq_triton"
     rows = {(r["class"], r["qtype"]): r for r in m["kernels"]["prefill"]}
     assert rows[("output", "q8_0")]["tensors"] == 1 and rows[("down", "q6_k")]["label"]
     assert sum(r["tensors"] for r in m["kernels"]["decode"]) == m["matmul_weights"]
     _, text, _ = gates_cli(capsys, "-m", str(qwen_path))
     assert "the model allows fuse mode 1 (mode 2 degraded to 1: blk.0.attn_q is Q5_0" in text
-    assert "here (cpu): fuse mode 0 (mmq path off: mmq_triton cannot run here: " in text
+    assert "here (cpu): fuse mode 0 (fused producers off: mmq_triton cannot run here: " in text
 
 
 def test_gates_model_7b_layout_allows_mode_2(capsys, monkeypatch):

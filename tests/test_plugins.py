@@ -61,7 +61,8 @@ def test_reference_is_built_in_and_example_is_discovered(example_installed):
     import minfer_example_plugin
 
     assert versions["example"] == (minfer_example_plugin.__version__,
-                                   ["minfer_applicable", "minfer_matmul_candidates", "minfer_register_weight"])
+                                   ["minfer_applicable", "minfer_gates", "minfer_matmul_candidates",
+                                    "minfer_register_weight"])
     assert pm.get_plugin("example").__name__ == "minfer_example_plugin.plugin"
     assert "example" in known_plugin_names() and {"mmq_triton", "f16_wmma", "cuda_graphs"} <= known_plugin_names()
 
@@ -226,3 +227,39 @@ def test_plugins_command_text(example_installed, capsys):
     out = capsys.readouterr().out
     assert out.startswith("reference ") and "\nexample 0.1.0  minfer-example-plugin" in out
     assert "  minfer_register_weight" in out
+
+
+def test_example_plugin_gate_is_declared_placed_and_alive(example_installed, tmp_path, capsys):
+    """A third party's own gate: declared by the plugin, listed by ``minfer gates``, its label
+    present when on and gone at "0" (environment) or off (policy)."""
+    import yaml
+
+    from minfer_core.gates import declared_gates
+    from minfer_core.model import Runtime
+
+    pm = get_plugin_manager(allow="example")
+    gate = declared_gates(pm)["MINFER_EXAMPLE_Q8"]
+    assert gate.plugin == "example" and gate.kind == "switch" and gate.labels == ("example.q8_0",)
+    data = yaml.safe_load(load_policy().path.read_text())
+    data["order"]["prefill"] = ["example", "mmq_triton", "f16_wmma"]
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(data))
+    policy = load_policy(p)
+    x = torch.randn(20, 96)
+
+    def labels(env):
+        w, _ = _q8_0_weight(48, 96)
+        plan = build_plan([w], make_context("cpu", policy, env=env, gates=declared_gates(pm)), pm, policy)
+        rt = Runtime(plan, {w.name: w})
+        rt.linear(w.name, rt.produce(x))  # a prefill matmul, counted as --trace-dispatch counts it
+        return set(rt.counts)
+
+    assert "example.q8_0" in labels({})
+    assert "example.q8_0" not in labels({"MINFER_EXAMPLE_Q8": "0"}) and "ref.q8_0" in labels({"MINFER_EXAMPLE_Q8": "0"})
+    data["gates"]["example"] = {"MINFER_EXAMPLE_Q8": False}
+    p.write_text(yaml.safe_dump(data))
+    policy = load_policy(p)
+    assert "example.q8_0" not in labels({})
+    assert main(["--policy", str(p), "gates", "--json"]) == 0
+    g = {x["name"]: x for x in json.loads(capsys.readouterr().out)["gates"]}["MINFER_EXAMPLE_Q8"]
+    assert (g["plugin"], g["value"], g["source"]) == ("example", False, "yaml")

@@ -11,7 +11,9 @@ import yaml
 
 from minfer_core.cli import main
 from minfer_core.errors import UserError
-from minfer_core.gates import ALL_GATES, FUSE_GATE
+from minfer_core.gates import resolve_gates
+from minfer_mmq_triton.routes import DECODE_SWITCHES, FUSE_GATE, GATES, PLANE_BUILDERS
+from test_dispatch import gate_table
 from minfer_core.plugins import installed_entry_points
 from minfer_core.policy import WORK, PolicyError, load_policy
 
@@ -33,12 +35,13 @@ def write(tmp_path, data, name="policy.yaml") -> Path:
 
 def test_shipped_default(data):
     pol = load_policy(DEFAULT, known_plugins=KNOWN)
-    assert set(pol.gates) == set(ALL_GATES) and list(pol.order) == list(WORK)
+    assert list(pol.defaults) == ["mmq_triton"] and list(pol.order) == list(WORK)
+    assert set(pol.defaults["mmq_triton"]) == set(GATES + PLANE_BUILDERS + DECODE_SWITCHES)
     assert pol.order["prefill"][0] == "mmq_triton" and pol.order["decode_step"] == ["cuda_graphs"]
-    for name, spec in pol.gates.items():
-        assert spec.description and spec.labels and spec.enables == ["mmq_triton"], name
-        assert spec.kind == ("builder" if name in ("MINFER_MMQ_Q6K_EXP", "MINFER_MMQ_Q4K_DSC") else "gate")
-    assert set(pol.gates[FUSE_GATE].modes) == {0, 1, 2}
+    table = gate_table()
+    resolved = resolve_gates(pol, table, {})  # the placements match the declarations
+    assert {g: v.source for g, v in resolved.items()} == {g: "default" for g in table}
+    assert pol.defaults["mmq_triton"][FUSE_GATE] == 2 and set(table[FUSE_GATE].modes) == {0, 1, 2}
 
 
 def test_default_found_without_arguments(monkeypatch):
@@ -77,24 +80,12 @@ def _set(d: dict, dotted: str, value) -> None:
 DELETE = object()
 
 CASES = [
-    # (change, key in the message, problem pattern)
-    ("gates.MINFER_MMQ_FOO", {"default": True}, "gates.MINFER_MMQ_FOO", "unknown gate"),
-    ("gates.MINFER_MMQ_Q6K_EXP", {"default": True}, "gates.MINFER_MMQ_Q6K_EXP", "belongs under plane_builders"),
-    ("gates.MINFER_MMQ_RAW", DELETE, "gates.MINFER_MMQ_RAW", "missing"),
-    ("plane_builders.MINFER_MMQ_Q4K_DSC", DELETE, "plane_builders.MINFER_MMQ_Q4K_DSC", "missing"),
-    ("gates.MINFER_MMQ.default", "maybe", "gates.MINFER_MMQ.default", "expected on or off, got 'maybe'"),
-    ("gates.MINFER_MMQ.default", 1, "gates.MINFER_MMQ.default", "expected on or off, got 1"),
-    ("gates.MINFER_MMQ.default", "0", "gates.MINFER_MMQ.default", "expected on or off, got '0'"),
-    ("gates.MINFER_MMQ_A_FUSE.default", 3, "gates.MINFER_MMQ_A_FUSE.default", "expected a fuse mode 0, 1 or 2, got 3"),
-    ("gates.MINFER_MMQ_A_FUSE.default", True, "gates.MINFER_MMQ_A_FUSE.default", "expected a fuse mode"),
-    ("gates.MINFER_MMQ_A_FUSE.default", "2", "gates.MINFER_MMQ_A_FUSE.default", "expected a fuse mode"),
-    ("gates.MINFER_MMQ_A_FUSE.modes.1", DELETE, "gates.MINFER_MMQ_A_FUSE.modes.1", "missing"),
-    ("gates.MINFER_MMQ.defualt", True, "gates.MINFER_MMQ.defualt", "unknown key"),
-    ("gates.MINFER_MMQ.description", DELETE, "gates.MINFER_MMQ.description", "missing"),
-    ("gates.MINFER_MMQ.description", "", "gates.MINFER_MMQ.description", "expected a non-empty string"),
-    ("gates.MINFER_MMQ.labels", [], "gates.MINFER_MMQ.labels", "at least one label prefix"),
-    ("gates.MINFER_MMQ.enables", ["mmq_trition"], "gates.MINFER_MMQ.enables", "unknown plugin 'mmq_trition'"),
-    ("gates.MINFER_MMQ.enables", "mmq_triton", "gates.MINFER_MMQ.enables", "expected a list of plugin names"),
+    # (change, key in the message, problem pattern): the file's own structure
+    ("gates.mmq_trition", {"MINFER_MMQ": True}, "gates.mmq_trition", "unknown plugin 'mmq_trition'"),
+    ("gates.mmq_triton.MINFER_MMQ", "maybe", "gates.mmq_triton.MINFER_MMQ", "expected on, off or an integer mode, got 'maybe'"),
+    ("gates.mmq_triton.MINFER_MMQ", 1.0, "gates.mmq_triton.MINFER_MMQ", "expected on, off or an integer mode, got 1.0"),
+    ("gates.mmq_triton.minfer_mmq", True, "gates.mmq_triton.minfer_mmq", "expected a gate name MINFER_"),
+    ("gates.mmq_triton", ["MINFER_MMQ"], "gates.mmq_triton", "expected a mapping, got list"),
     ("order.prefill", ["mmq_triton", "nosuch"], "order.prefill", "unknown plugin 'nosuch'"),
     ("order.decode", ["f16_wmma", "f16_wmma"], "order.decode", "plugin 'f16_wmma' is listed twice"),
     ("order.attention", DELETE, "order.attention", "missing"),
@@ -102,7 +93,17 @@ CASES = [
     ("order", ["mmq_triton"], "order", "expected a mapping, got list"),
     ("version", 2, "version", "unsupported version 2"),
     ("extra", 1, "extra", "unknown key"),
-    ("gates", DELETE, "gates", "missing"),
+    ("order", DELETE, "order", "missing"),
+]
+
+#: Placements checked against what mmq_triton declares, when the gates are resolved.
+PLACEMENT_CASES = [
+    ("gates.mmq_triton.MINFER_MMQ_FOO", True, "gates.mmq_triton.MINFER_MMQ_FOO", "unknown gate (mmq_triton declares: "),
+    ("gates.f16_wmma.MINFER_MMQ_RAW", False, "gates.f16_wmma.MINFER_MMQ_RAW", "belongs under gates.mmq_triton"),
+    ("gates.mmq_triton.MINFER_MMQ", 1, "gates.mmq_triton.MINFER_MMQ", "expected on or off, got 1"),
+    ("gates.mmq_triton.MINFER_MMQ", 0, "gates.mmq_triton.MINFER_MMQ", "expected on or off, got 0"),
+    ("gates.mmq_triton.MINFER_MMQ_A_FUSE", 3, "gates.mmq_triton.MINFER_MMQ_A_FUSE", "expected a mode 0, 1 or 2, got 3"),
+    ("gates.mmq_triton.MINFER_MMQ_A_FUSE", True, "gates.mmq_triton.MINFER_MMQ_A_FUSE", "expected a mode 0, 1 or 2"),
 ]
 
 
@@ -117,6 +118,26 @@ def test_validation_errors(tmp_path, data, dotted, value, key, problem):
     assert msg.startswith(f"{path}: {key}: "), msg
     assert problem in msg and "\n" not in msg
     assert isinstance(e.value, UserError)
+
+
+@pytest.mark.parametrize("dotted,value,key,problem", PLACEMENT_CASES, ids=[c[0] for c in PLACEMENT_CASES])
+def test_placement_errors(tmp_path, data, dotted, value, key, problem):
+    bad = copy.deepcopy(data)
+    bad["gates"].setdefault(dotted.split(".")[1], {})
+    _set(bad, dotted, value)
+    path = write(tmp_path, bad)
+    policy = load_policy(path, known_plugins=KNOWN)
+    with pytest.raises(PolicyError) as e:
+        resolve_gates(policy, gate_table(), {}, loaded={"mmq_triton", "f16_wmma"})
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: {key}: ") and problem in msg and "\n" not in msg, msg
+
+
+def test_placement_of_a_plugin_not_loaded_is_not_in_force(tmp_path, data):
+    mine = copy.deepcopy(data)
+    mine["gates"]["cuda_graphs"] = {"MINFER_GRAPHS_ANYTHING": False}
+    policy = load_policy(write(tmp_path, mine), known_plugins=KNOWN)
+    assert "MINFER_GRAPHS_ANYTHING" not in resolve_gates(policy, gate_table(), {})
 
 
 @pytest.mark.parametrize("text,key,problem", [
@@ -138,13 +159,18 @@ def test_missing_file(tmp_path):
 
 def test_cli_bad_policy_is_one_line_exit_2(tmp_path, data, capsys, monkeypatch):
     bad = copy.deepcopy(data)
-    bad["gates"]["MINFER_MMQ_RAW"]["default"] = "sometimes"
+    bad["gates"]["mmq_triton"]["MINFER_MMQ_RAW"] = "sometimes"
     path = write(tmp_path, bad)
     assert main(["--policy", str(path), "gates"]) == 2
     err = capsys.readouterr().err
-    assert err == f"minfer: error: {path}: gates.MINFER_MMQ_RAW.default: expected on or off, got 'sometimes'\n"
+    assert err == (f"minfer: error: {path}: gates.mmq_triton.MINFER_MMQ_RAW: expected on, off or an integer mode, "
+                   "got 'sometimes'\n")
     monkeypatch.setenv("MINFER_POLICY", str(path))
-    assert main(["gates"]) == 2 and "gates.MINFER_MMQ_RAW.default" in capsys.readouterr().err
+    assert main(["gates"]) == 2 and "gates.mmq_triton.MINFER_MMQ_RAW" in capsys.readouterr().err
+    bad["gates"]["mmq_triton"]["MINFER_MMQ_RAW"] = 1  # a placement the declaration refuses: the same line
+    path = write(tmp_path, bad, "p2.yaml")
+    assert main(["--policy", str(path), "gates"]) == 2
+    assert capsys.readouterr().err == f"minfer: error: {path}: gates.mmq_triton.MINFER_MMQ_RAW: expected on or off, got 1\n"
 
 
 def test_packaged_copy_matches_the_shipped_file():

@@ -37,14 +37,17 @@ def add_parser(sub):
                    help="run under this configuration: 'default' or KEY=VALUE[,..] with MINFER_* env overrides, "
                         "backend=NAME, plugin=no:NAME (repeatable; each loads the model anew)")
     p.add_argument("--gates", action="store_true",
-                   help="A/B sweep: the default, then each of the six gates at \"0\", then MINFER_MMQ_A_FUSE=1")
+                   help="A/B sweep: the default, then each declared gate (group gate) at \"0\", then each other mode of a mode gate")
     p.add_argument("--memory", action="store_true", help="add GPU memory after load and at peak (GiB)")
     return p
 
 
 def run(args) -> int:
     from ..bench import gpu_memory, run_test
-    from ..configs import SWEEP, load_under, parse_config
+    from ..cli import blocked_plugins
+    from ..configs import load_under, parse_config, sweep
+    from ..gates import declared_gates
+    from ..plugins import get_plugin_manager
     from ..fetch import resolve_model
 
     if args.repetitions < 1:
@@ -52,7 +55,8 @@ def run(args) -> int:
     tests = [("pp", n) for n in _ints(args.n_prompt) if n > 0] + [("tg", n) for n in _ints(args.n_gen) if n > 0]
     if not tests:
         raise UserError("nothing to run: give -p or -n")
-    specs = list(args.config) + (list(SWEEP) if args.gates else [])
+    gates = declared_gates(get_plugin_manager(blocked=blocked_plugins(args))) if args.gates else {}
+    specs = list(args.config) + list(sweep(gates) if args.gates else [])
     configs = [parse_config(s) for s in (specs or ["default"])]
     depths = _ints(args.n_depth) or [0]
     if min(depths) < 0:

@@ -39,10 +39,8 @@ def mmq_off(ctx) -> bool:
     """Whether prefill falls to this plugin for every weight (so the copy is built at registration)."""
     if not ctx.gates.get(MMQ_GATE, True):
         return True
-    if getattr(ctx, "mmq_off_reason", ""):
-        return True
-    return any("mmq_triton" in n and ("not applicable" in n or "cannot run" in n or "blocked" in n)
-               for n in getattr(ctx, "notes", ()))
+    applicable = getattr(ctx, "applicable", {})  # filled by the core before registration
+    return bool(applicable) and applicable.get("mmq_triton", "not loaded") is not None  # cannot run, or absent
 
 
 def build(weight: Weight) -> torch.Tensor:

@@ -38,7 +38,6 @@ never what it computes.
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import torch
@@ -173,7 +172,7 @@ def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> t
 def mma_enabled(ctx) -> bool:
     """Whether this load's q4_K / q6_K int8 GEMVs run on tensor cores (CUDA, cc >= 8.0, a Triton with
     Gluon, ``MINFER_DECODE_MMA`` not "0")."""
-    if ctx is None or ctx.device.type != "cuda" or os.environ.get("MINFER_DECODE_MMA", "1") == "0":
+    if ctx is None or ctx.device.type != "cuda" or not ctx.gates.get("MINFER_DECODE_MMA", True):
         return False
     cc = ctx.compute_capability
     if cc is None or tuple(cc) < (8, 0):

@@ -20,7 +20,6 @@ Kernels launched without the attribute (torch's) wait for their predecessor as a
 
 from __future__ import annotations
 
-import os
 
 import triton
 import triton.language as tl
@@ -36,7 +35,7 @@ PREFETCH_MAX_VALUES = 10_000_000
 
 def enabled(ctx) -> bool:
     """Whether this load's decode kernels launch with PDL (CUDA, cc >= 9.0, ``MINFER_PDL`` not "0")."""
-    if ctx is None or ctx.device.type != "cuda" or os.environ.get("MINFER_PDL", "1") == "0":
+    if ctx is None or ctx.device.type != "cuda" or not ctx.gates.get("MINFER_PDL", True):
         return False
     cc = ctx.compute_capability
     return cc is not None and tuple(cc) >= (9, 0)

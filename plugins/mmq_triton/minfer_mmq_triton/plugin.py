@@ -1,7 +1,8 @@
 """minfer_mmq_triton: hook implementations only (kernels are imported lazily, inside the hooks).
 
 Prefill (16 or more rows): quantized matmuls reading GGUF blocks or their registration-time
-planes, plus the fused activation producers. Decode and attention kernels live in ``decode`` and
+planes, plus the fused activation producers; the gates that govern them (and two decode
+switches) are declared in ``routes``. Decode and attention kernels live in ``decode`` and
 ``attention`` (delegated to when those modules exist).
 """
 
@@ -25,6 +26,13 @@ def _optional(module: str):
         if e.name != name:
             raise
         return None
+
+
+@hookimpl
+def minfer_gates():
+    from .routes import declared_gates
+
+    return declared_gates()
 
 
 @hookimpl
@@ -70,18 +78,52 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 
 @hookimpl
-def minfer_producer_candidates(kind, ctx):
-    if kind.startswith("decode_"):  # single-token ops: no gate reads them
-        from .decode_fused import decode_op_candidates
+def minfer_fuse_proposal(weights, readers, ctx):
+    from .routes import fuse_proposal
 
-        return decode_op_candidates(kind, ctx)
-    if kind == "prefill_rope_kv":  # not a quantized-matmul feature: no gate reads it either
-        from .decode_fused import prefill_op_candidates
+    return fuse_proposal(weights, readers, ctx)
 
-        return prefill_op_candidates(kind)
+
+@hookimpl
+def minfer_rmsnorm_candidates(ctx):
     from .routes import producer_candidates
 
-    return producer_candidates(kind, ctx)
+    return producer_candidates("rmsnorm", ctx)
+
+
+@hookimpl
+def minfer_swiglu_candidates(ctx):
+    from .routes import producer_candidates
+
+    return producer_candidates("swiglu", ctx)
+
+
+@hookimpl
+def minfer_prepass_candidates(ctx):
+    from .routes import producer_candidates
+
+    return producer_candidates("prepass", ctx)
+
+
+@hookimpl
+def minfer_decode_rmsnorm_candidates(ctx):  # single-token ops: no gate reads them
+    from .decode_fused import decode_op_candidates
+
+    return decode_op_candidates("decode_rmsnorm", ctx)
+
+
+@hookimpl
+def minfer_decode_rope_kv_candidates(ctx):
+    from .decode_fused import decode_op_candidates
+
+    return decode_op_candidates("decode_rope_kv", ctx)
+
+
+@hookimpl
+def minfer_prefill_rope_kv_candidates(ctx):  # not a quantized-matmul feature: no gate reads it either
+    from .decode_fused import prefill_op_candidates
+
+    return prefill_op_candidates("prefill_rope_kv")
 
 
 @hookimpl

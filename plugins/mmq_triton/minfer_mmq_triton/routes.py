@@ -24,11 +24,88 @@ from typing import Any, Optional
 
 from gguf import GGMLQuantizationType as QT
 
-from minfer_core.weights import Activation, Candidate, LoadContext, Weight
+from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
 from . import planes
 
 PLUGIN = "mmq_triton"
+
+# -- the gates this plugin declares (hook minfer_gates; DESIGN.md, "The six gates") --------------
+
+GATES = ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_NB", "MINFER_MMQ_A_TRANSPOSE", "MINFER_MMQ_Q6K_NB",
+         "MINFER_MMQ_A_FUSE")
+PLANE_BUILDERS = ("MINFER_MMQ_Q6K_EXP", "MINFER_MMQ_Q4K_DSC")
+DECODE_SWITCHES = ("MINFER_DECODE_MMA", "MINFER_PDL")
+FUSE_GATE = "MINFER_MMQ_A_FUSE"
+#: The gates fuse modes 1 and 2 need on, as in the seed.
+FUSE_REQUIRES = ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_NB", "MINFER_MMQ_A_TRANSPOSE", "MINFER_MMQ_Q6K_NB")
+#: Types the registration-time plane family (``MINFER_MMQ_RAW_NB``) consumes.
+PLANE_TYPES = (QT.Q4_K, QT.Q6_K)
+
+
+def declared_gates() -> list[Gate]:
+    """The six prefill gates, the two plane builders and the two decode switches."""
+    return [
+        Gate("MINFER_MMQ", True, "prefill matmuls (16 or more rows) run on mmq_triton's quantized-weight GEMMs",
+             "mmq_triton offers nothing for prefill; f16_wmma serves prefill from its f16/bf16 weight cache",
+             labels=("mmq.nb.", "mmq.generic.", "mmq.raw_off.")),
+        Gate("MINFER_MMQ_RAW", True, "mmq kernels read GGUF blocks (or their registration-time planes) directly; "
+             "no f16 copy is built", "mmq_triton builds a bf16 copy of each weight at registration and runs "
+             "mmq.raw_off.<qtype> over it", labels=("mmq.nb.", "mmq.generic.")),
+        Gate("MINFER_MMQ_RAW_NB", True, "q4_K (and, with MINFER_MMQ_Q6K_NB, q6_K) weights run on the plane family, "
+             "which consumes planes built at registration", "no planes are built; q4_K and q6_K run on the "
+             "generic family (mmq.generic.<qtype>)", labels=("mmq.nb.",)),
+        Gate("MINFER_MMQ_A_TRANSPOSE", True, "each activation is converted once per producer into the plane the "
+             "GEMMs read (mmq.prepass; fused producers write it themselves)", "no prepass; every consumer "
+             "converts its own f32 activation", labels=("mmq.prepass", "ref.prepass")),
+        Gate("MINFER_MMQ_Q6K_NB", True, "q6_K weights run on the plane family too (mmq.nb.q6_k)",
+             "q6_K weights run on the generic family (mmq.generic.q6_k)", labels=("mmq.nb.q6_k", "mmq.nb.raw.q6_k")),
+        Gate(FUSE_GATE, 2, "RMSNorm and SwiGLU producers write the activation plane themselves", modes={
+            0: "producers are plain; the prepass writes the activation plane",
+            1: "fused producers write the activation plane and the f32 activation (mmq.fuse1.*)",
+            2: "fused producers write only the activation plane (mmq.fuse2.*); sound only when every consumer "
+               "reads the plane, otherwise degraded to 1"}, labels=("mmq.fuse",)),
+        Gate("MINFER_MMQ_Q6K_EXP", True, "registration builds the expanded q6_K plane the plane family reads "
+             "(mmq.nb.q6_k)", "no q6_K plane; the plane family expands raw blocks in the kernel (mmq.nb.raw.q6_k)",
+             labels=("mmq.nb.q6_k",), group="plane_builder"),
+        Gate("MINFER_MMQ_Q4K_DSC", True, "registration builds the decoded-scale q4_K plane (W_dsc) the plane family "
+             "reads (mmq.nb.q4_k)", "no q4_K plane; the plane family expands raw blocks, decoding the packed scales "
+             "in the kernel (mmq.nb.raw.q4_k)", labels=("mmq.nb.q4_k",), group="plane_builder"),
+        Gate("MINFER_DECODE_MMA", True, "q4_K / q6_K int8 decode GEMVs run on tensor cores (CUDA, cc >= 8.0, "
+             "Triton with Gluon)", "those GEMVs stay on the dp4a kernels: the same integer sums, another float "
+             "summation order", group="decode"),
+        Gate("MINFER_PDL", True, "decode kernels launch with programmatic dependent launch (CUDA, cc >= 9.0)",
+             "decode kernels launch without PDL (A/B runs, debugging)", group="decode"),
+    ]
+
+
+def plane_offence(w: Weight) -> Optional[str]:
+    """Why this weight makes mode 2 unsound (the seed's plane-only flag cleared), or None if the
+    plane family reads it."""
+    qt = QT(w.qtype)
+    if qt in PLANE_TYPES:
+        return None
+    if qt == QT.F32:
+        return f"{w.name} is a 2-D F32 matmul weight, whose GEMM reads the f32 activation"
+    return f"{w.name} is {qt.name}, which the plane family cannot read (only Q4_K and Q6_K)"
+
+
+def fuse_proposal(weights: list[Weight], readers, ctx: LoadContext) -> tuple[int, str]:
+    """The fuse mode the gates, the weight mix and the debug readers allow, and why (seed §3.1):
+    mode 2 writes only the activation plane, so any weight the plane family cannot read (its
+    consumer reads f32) or any f32 reader lowers it to 1, whatever was requested."""
+    off = [g for g in FUSE_REQUIRES if not gate_on(ctx, g)]
+    if off:
+        return 0, f"{', '.join(off)} off (fused producers need the whole plane path)"
+    requested = int(ctx.gates.get(FUSE_GATE, 2))
+    if requested < 2:
+        return requested, "" if requested else f"{FUSE_GATE} resolved to 0"
+    offence = next((o for o in map(plane_offence, weights) if o), None)
+    if offence:
+        return 1, f"mode 2 degraded to 1: {offence}"
+    if readers:
+        return 1, f"mode 2 degraded to 1: {', '.join(readers)} reads the f32 activations"
+    return 2, ""
 #: Types with a prefill kernel here (the generic kernel reads all of them from raw blocks).
 SERVED = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 _BUILDER_GATE = {QT.Q4_K: "MINFER_MMQ_Q4K_DSC", QT.Q6_K: "MINFER_MMQ_Q6K_EXP"}
@@ -95,7 +172,8 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         gate = "MINFER_MMQ_Q6K_NB" if qt == QT.Q6_K else "MINFER_MMQ_RAW_NB"
         label = f"mmq.nb.{name}" if gate_on(ctx, _BUILDER_GATE[qt]) else f"mmq.nb.raw.{name}"
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
-        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, ("plane",), reads_raw=not built)]
+        reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
+        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, reads, reads_raw=not built)]
     return [Candidate(PLUGIN, f"mmq.generic.{name}", _raw_fn(weight), "MINFER_MMQ", ("f32",))]
 
 

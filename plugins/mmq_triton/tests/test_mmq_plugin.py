@@ -76,7 +76,7 @@ def test_producers(make_ctx):
     from minfer_mmq_triton import plugin
 
     def labels(kind, **kw):
-        c = plugin.minfer_producer_candidates(kind=kind, ctx=make_ctx(**kw))
+        c = getattr(plugin, f"minfer_{kind}_candidates")(ctx=make_ctx(**kw))
         return None if c is None else c[0].label
 
     assert labels("rmsnorm", fuse_mode=2) == "mmq.fuse2.rmsnorm"
@@ -86,7 +86,7 @@ def test_producers(make_ctx):
     assert labels("prepass", fuse_mode=0, MINFER_MMQ_A_TRANSPOSE=False) is None
     assert labels("swiglu", fuse_mode=2, MINFER_MMQ=False) is None
     x = torch.randn(16, 64, device=make_ctx().device)
-    act = plugin.minfer_producer_candidates(kind="rmsnorm", ctx=make_ctx(fuse_mode=2))[0].fn(
+    act = plugin.minfer_rmsnorm_candidates(ctx=make_ctx(fuse_mode=2))[0].fn(
         x, torch.ones(64, device=x.device), 1e-6)
     assert act.f32 is None and act.plane.shape == (16, 64)
 
@@ -125,8 +125,9 @@ def test_pdl_only_on_hopper_and_not_when_switched_off(monkeypatch):
     assert not pdl.enabled(LoadContext(torch.device("cuda"), (8, 0), {}))
     assert not pdl.enabled(LoadContext(torch.device("cpu"), None, {}))
     assert not pdl.enabled(None)
-    monkeypatch.setenv("MINFER_PDL", "0")
-    assert not pdl.enabled(hopper)
+    monkeypatch.setenv("MINFER_PDL", "0")  # read by the core at load, never by the plugin
+    assert pdl.enabled(hopper)
+    assert not pdl.enabled(LoadContext(torch.device("cuda"), (9, 0), {"MINFER_PDL": False}))
     # launch keywords: the attribute only with PDL; a GEMV prefetches nothing without it
     assert pdl.launch_args(False) == {"PDL": False}
     assert pdl.gemv_launch_args(False, 8) == {"PDL": False, "PF": 0}
