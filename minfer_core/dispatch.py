@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 from .errors import UserError
 from .gates import declared_gates, gate_values, resolve_gates
 from .plan import PHASES, FuseChoice, Plan
-from .plugins import BUILTIN, PROJECT_PLUGINS, PluginError, bad_return, call_each
+from .plugins import BUILTIN, PluginError, bad_return, call_each, project_plugins
 from .weights import Activation, Candidate, Gate, LoadContext, Weight
 
 __all__ = ["Plan", "FuseChoice", "BackendError", "build_plan", "make_context", "ranking", "wrap_step",
@@ -270,7 +270,7 @@ def _applicability(pm, ctx: LoadContext, backend: Optional[str]) -> dict[str, Op
 def _absent(pm, name: str) -> str:
     if pm.is_blocked(name):
         return f"blocked ({getattr(pm, 'blocked_names', {}).get(name, 'blocked')})"
-    if name in PROJECT_PLUGINS:
+    if name in project_plugins():
         return f"not installed (pip install -e plugins/{name})"
     return "no such plugin installed"
 

@@ -23,6 +23,7 @@ A plugin that misbehaves at load is handled by kind (docs/plugins.md, "When a pl
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -38,7 +39,6 @@ from .errors import UserError
 GROUP = "minfer.plugins"
 BUILTIN = "reference"
 #: The project's own plugins: a policy may name them even where they are not installed.
-PROJECT_PLUGINS = ("mmq_triton", "f16_wmma", "cuda_graphs")
 ENV_ALLOW = "MINFER_LOAD_PLUGINS"
 ENV_TRACE = "MINFER_TRACE_PLUGINS"
 _FROM_ENV: Any = object()
@@ -119,9 +119,19 @@ def installed_entry_points() -> dict[str, metadata.EntryPoint]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def project_plugins() -> frozenset[str]:
+    """The plugins the shipped default policy places (known by name even when not installed)."""
+    from .policy import default_policy_path
+    from .strict_yaml import read_strict
+
+    order = (read_strict(default_policy_path()) or {}).get("order") or {}
+    return frozenset(n for names in order.values() for n in (names or []) if n != BUILTIN)
+
+
 def known_plugin_names() -> set[str]:
     """Names a policy, ``--backend`` or ``-p no:NAME`` may use."""
-    return {BUILTIN, *PROJECT_PLUGINS, *installed_entry_points()}
+    return {BUILTIN, *project_plugins(), *installed_entry_points()}
 
 
 def _env_trace(env=os.environ) -> bool:
@@ -139,7 +149,7 @@ def get_plugin_manager(blocked: Iterable[str] = (), allow: Optional[str] = _FROM
     if allow is _FROM_ENV:
         allow = env.get(ENV_ALLOW)
     eps = installed_entry_points()
-    known = {BUILTIN, *PROJECT_PLUGINS, *eps}
+    known = {BUILTIN, *project_plugins(), *eps}
     blocked = list(dict.fromkeys(blocked))
     for name in blocked:
         if name == BUILTIN:

@@ -28,8 +28,14 @@ def add_parser(sub):
     return p
 
 
-ALL_ON = ",".join(f"{g}=1" for g in ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_NB", "MINFER_MMQ_A_TRANSPOSE",
-                                     "MINFER_MMQ_Q6K_NB")) + ",MINFER_MMQ_A_FUSE=2"
+def all_on() -> str:
+    """A configuration with every installed plugin's gates set explicitly: switches "1", modes their
+    declared default (the default path spelled out, for the neutrality comparison)."""
+    from ..gates import declared_gates
+    from ..plugins import get_plugin_manager
+
+    gates = declared_gates(get_plugin_manager()).values()
+    return ",".join(f"{g.name}={'1' if g.kind == 'switch' else g.default}" for g in gates if g.group == "gate")
 
 
 def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor, list[float]]:
@@ -53,7 +59,7 @@ def run(args) -> int:
     from ..configs import load_under, parse_config
     from ..fetch import resolve_model
 
-    specs = args.config or ["default", ALL_ON]
+    specs = args.config or ["default", all_on()]
     if len(specs) < 2:
         raise UserError("parity needs at least two configurations")
     path = resolve_model(args.model)
