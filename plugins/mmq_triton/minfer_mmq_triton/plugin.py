@@ -72,11 +72,11 @@ def minfer_matmul_candidates(weight, phase, ctx):
 @hookimpl
 def minfer_producer_candidates(kind, ctx):
     if kind.startswith("decode_"):  # single-token ops: no gate reads them
-        from .decode_fused import decode_op_candidates
+        from .ops.candidates import decode_op_candidates
 
         return decode_op_candidates(kind, ctx)
     if kind == "prefill_rope_kv":  # not a quantized-matmul feature: no gate reads it either
-        from .decode_fused import prefill_op_candidates
+        from .ops.candidates import prefill_op_candidates
 
         return prefill_op_candidates(kind)
     from .routes import producer_candidates
@@ -86,5 +86,5 @@ def minfer_producer_candidates(kind, ctx):
 
 @hookimpl
 def minfer_attention_candidates(phase, ctx):
-    attention = _optional("attention")
+    attention = _optional("ops.attention")
     return None if attention is None else attention.attention_candidates(phase, ctx)

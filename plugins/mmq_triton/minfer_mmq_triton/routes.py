@@ -84,7 +84,7 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
     r = route(weight, ctx)
     if r is None:
         return None
-    from . import scratch
+    from .launch import scratch
     scratch.probe(ctx.device)  # resolve the cuBLAS entry point now, not in the first forward
     qt = QT(weight.qtype)
     name = qt.name.lower()
@@ -103,7 +103,7 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
     """Fused RMSNorm/SwiGLU for fuse modes 1 and 2; the prepass when ``A_TRANSPOSE`` is on."""
     if not gate_on(ctx, "MINFER_MMQ") or not gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE"):
         return None
-    from . import producers
+    from .ops import producers
     if kind == "prepass":
         return [Candidate(PLUGIN, "mmq.prepass", producers.prepass, "MINFER_MMQ_A_TRANSPOSE")]
     mode = int(ctx.fuse_mode)
@@ -124,7 +124,7 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
 # -- the callables ------------------------------------------------------------------------------
 
 def _w16_fn(weight: Weight):
-    from .scratch import bf16_rows, mm_f32
+    from .launch.scratch import bf16_rows, mm_f32
 
     def fn(act: Activation):
         return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias)
@@ -132,7 +132,7 @@ def _w16_fn(weight: Weight):
 
 
 def _raw_fill(weight: Weight):
-    from .gemm_generic import dequant_raw
+    from .prefill.dequant_raw import dequant_raw
 
     def fill(out, r0, r1):
         return dequant_raw(weight.raw, weight.qtype, weight.n_in, out, r0, r1)
@@ -142,8 +142,8 @@ def _raw_fill(weight: Weight):
 def _plane_fn(weight: Weight):
     """Plane family: the fused GEMM for few rows, else expand + cuBLAS; raw blocks when no plane
     was built (builder gate off, or a float16 overflow)."""
-    from . import gemm_planes
-    from .scratch import bf16_rows, jit_matmul
+    from .prefill import gemm_planes
+    from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
     key = planes.BUILDERS[QT(weight.qtype)][0]
     raw_fill = _raw_fill(weight)
@@ -161,7 +161,7 @@ def _plane_fn(weight: Weight):
 
 
 def _raw_fn(weight: Weight):
-    from .scratch import bf16_rows, jit_matmul
+    from .launch.scratch import bf16_rows, jit_matmul
     fill = _raw_fill(weight)
 
     def fn(act: Activation):
