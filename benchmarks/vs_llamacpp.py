@@ -31,8 +31,8 @@ def run_json(cmd: list[str], timeout: int) -> list | None:
         return None
     try:
         return json.loads(p.stdout)
-    except json.JSONDecodeError:  # jsonl
-        rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+    except json.JSONDecodeError:  # jsonl (llama-batched-bench logs its lines; take them from either stream)
+        rows = [json.loads(ln) for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.startswith("{")]
         return rows or None
 
 
