@@ -46,7 +46,7 @@ def time_cuda(fn, iters: int = 200) -> float:
 
 
 def attention_alone(cfg, depths: list[int], n_ctx: int) -> None:
-    from minfer_mmq_triton import attention as A
+    from minfer_mmq_triton.ops import attention as A
 
     h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     dev = torch.device("cuda")

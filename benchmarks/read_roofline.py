@@ -3,7 +3,7 @@
     python benchmarks/read_roofline.py
 
 For each size (the 7B's qkv, q4_K ffn_down, gate|up, output head), in CUDA-graph chains over
-rotating copies as ``sweep_ring.py`` times the GEMVs: ``torch.sum`` of the bytes as int32, and a
+rotating copies as ``sweep.py`` times the GEMVs: ``torch.sum`` of the bytes as int32, and a
 Triton kernel that sums rows the way the GEMVs read them (``BN`` rows a program, ``SPAN`` bytes of
 each row a step), with and without a contiguous layout (each program streams one contiguous run).
 """
@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "mmq_triton" / "tests"))
-from test_decode_bench import _graph_time  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode import graph_time  # noqa: E402
 
 SIZES = [(4608, 1792, "qkv"), (3584, 9472, "q4_K down"), (37888, 1792, "gate|up"), (152064, 2940, "output q6_K")]
 ROTATE = 256 << 20
@@ -55,17 +55,17 @@ def main() -> None:
               for _ in range(copies)]
         y = torch.empty(1 << 20, dtype=torch.int32, device="cuda")
         reps = max(1, 8 // copies)
-        rows = [(_graph_time([lambda w=w: w.sum(dtype=torch.int32) for w in ws] * reps), "torch.sum")]
+        rows = [(graph_time([lambda w=w: w.sum(dtype=torch.int32) for w in ws] * reps), "torch.sum")]
         rw = row_bytes // 4
         for bn, sw, warps in [(64, 32, 4), (64, 64, 4), (32, 64, 4), (16, 128, 4), (128, 32, 8)]:
             grid = (triton.cdiv(n, bn),)
-            rows.append((_graph_time([lambda w=w: _rows_kernel[grid](w, y, n, rw, BN=bn, SW=sw, num_warps=warps)
+            rows.append((graph_time([lambda w=w: _rows_kernel[grid](w, y, n, rw, BN=bn, SW=sw, num_warps=warps)
                                       for w in ws] * reps), f"rows BN={bn} step {sw * 4} B warps={warps}"))
         total = n * rw
         for progs, b, warps in [(528, 2048, 4), (1056, 2048, 4), (2112, 1024, 4), (264, 4096, 8)]:
             per = triton.cdiv(triton.cdiv(total, progs), b) * b
             grid = (triton.cdiv(total, per),)
-            rows.append((_graph_time([lambda w=w: _flat_kernel[grid](w, y, total, per, B=b, num_warps=warps)
+            rows.append((graph_time([lambda w=w: _flat_kernel[grid](w, y, total, per, B=b, num_warps=warps)
                                       for w in ws] * reps), f"flat {grid[0]} programs step {b * 4} B warps={warps}"))
         print(f"\n## {label}: {nbytes / 2**20:.1f} MiB ({copies} copies)")
         for t, lab in sorted(rows):

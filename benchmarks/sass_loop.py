@@ -19,7 +19,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
-from minfer_mmq_triton import gemv_q4plane
+from minfer_mmq_triton.q4_k import gemv as q4k_gemv
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 INT_PTRS = {"qw_ptr", "sc_ptr", "dm_ptr", "xh_ptr", "xl_ptr", "cnt_ptr"}
@@ -68,7 +68,7 @@ def main() -> None:
     for cfg in args.configs:
         bn, s, warps = (int(v) for v in cfg.split(","))
         consts = dict(HAS_BIAS=True, EVEN=True, BN=bn, S=s, SPLIT=1, USE_ASM=True, PDL=False, PF=0)
-        sass, regs = compile_sass(gemv_q4plane._gemv_q4p_i8_kernel, consts, sizes, warps)
+        sass, regs = compile_sass(q4k_gemv._gemv_q4p_i8_kernel, consts, sizes, warps)
         body = loop_body(sass)
         words = bn * s * 16 / (warps * 32)  # 32-bit weight words per thread per step
         print(f"q4_K int8 BN={bn} S={s} warps={warps}: {len(body)} instructions per step, "

@@ -36,6 +36,28 @@ SUPPORTED = (
 
 QUANTS: dict[QT, QuantInfo] = {t: QuantInfo(t, *GGML_QUANT_SIZES[t]) for t in SUPPORTED}
 
+#: Byte layout of one block of each quantized type: field -> ``(offset, bytes)``, in ggml's order
+#: (``d``: float16 scale; ``m`` / ``dmin``: float16 min; ``scales``: packed or int8 sub-block scales;
+#: ``qh``: high bits; ``qs`` / ``ql``: low bits). The fields tile the block exactly.
+BLOCK_FIELDS: dict[QT, dict[str, tuple[int, int]]] = {
+    QT.Q4_0: {"d": (0, 2), "qs": (2, 16)},
+    QT.Q4_1: {"d": (0, 2), "m": (2, 2), "qs": (4, 16)},
+    QT.Q5_0: {"d": (0, 2), "qh": (2, 4), "qs": (6, 16)},
+    QT.Q5_1: {"d": (0, 2), "m": (2, 2), "qh": (4, 4), "qs": (8, 16)},
+    QT.Q8_0: {"d": (0, 2), "qs": (2, 32)},
+    QT.Q2_K: {"scales": (0, 16), "qs": (16, 64), "d": (80, 2), "dmin": (82, 2)},
+    QT.Q3_K: {"hmask": (0, 32), "qs": (32, 64), "scales": (96, 12), "d": (108, 2)},
+    QT.Q4_K: {"d": (0, 2), "dmin": (2, 2), "scales": (4, 12), "qs": (16, 128)},
+    QT.Q5_K: {"d": (0, 2), "dmin": (2, 2), "scales": (4, 12), "qh": (16, 32), "qs": (48, 128)},
+    QT.Q6_K: {"ql": (0, 128), "qh": (128, 64), "scales": (192, 16), "d": (208, 2)},
+}
+
+
+def field(qtype, name: str) -> tuple[int, int]:
+    """``(offset, bytes)`` of field ``name`` inside one block of ``qtype`` (see ``BLOCK_FIELDS``)."""
+    return BLOCK_FIELDS[QT(qtype)][name]
+
+
 
 def info(qtype) -> QuantInfo:
     """Look up a type; ``KeyError`` names it when the reference backend cannot read it."""

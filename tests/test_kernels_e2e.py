@@ -74,7 +74,7 @@ def test_mmq_model_matches_reference(tmp_path, mix, mode):
 @pytest.mark.parametrize("start", [0, 7])
 def test_prefill_flash_attention_matches_reference(start):
     from minfer_core.reference import attention_prefill
-    from minfer_mmq_triton.attention import prefill_flash
+    from minfer_mmq_triton.ops.attention import prefill_flash
 
     g = torch.Generator(device="cuda").manual_seed(0)
     t, h, hkv, d = 300, 28, 4, 128

@@ -107,26 +107,26 @@ def minfer_prepass_candidates(ctx):
 
 @hookimpl
 def minfer_decode_rmsnorm_candidates(ctx):  # single-token ops: no gate reads them
-    from .decode_fused import decode_op_candidates
+    from .ops.candidates import decode_op_candidates
 
     return decode_op_candidates("decode_rmsnorm", ctx)
 
 
 @hookimpl
 def minfer_decode_rope_kv_candidates(ctx):
-    from .decode_fused import decode_op_candidates
+    from .ops.candidates import decode_op_candidates
 
     return decode_op_candidates("decode_rope_kv", ctx)
 
 
 @hookimpl
 def minfer_prefill_rope_kv_candidates(ctx):  # not a quantized-matmul feature: no gate reads it either
-    from .decode_fused import prefill_op_candidates
+    from .ops.candidates import prefill_op_candidates
 
     return prefill_op_candidates("prefill_rope_kv")
 
 
 @hookimpl
 def minfer_attention_candidates(phase, ctx):
-    attention = _optional("attention")
+    attention = _optional("ops.attention")
     return None if attention is None else attention.attention_candidates(phase, ctx)

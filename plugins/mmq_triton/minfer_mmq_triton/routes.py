@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType as QT
 from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
 from . import planes
+from .families import INT8, SERVED
 
 PLUGIN = "mmq_triton"
 
@@ -40,7 +41,7 @@ FUSE_GATE = "MINFER_MMQ_A_FUSE"
 #: The gates fuse modes 1 and 2 need on, as in the seed.
 FUSE_REQUIRES = ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_NB", "MINFER_MMQ_A_TRANSPOSE", "MINFER_MMQ_Q6K_NB")
 #: Types the registration-time plane family (``MINFER_MMQ_RAW_NB``) consumes.
-PLANE_TYPES = (QT.Q4_K, QT.Q6_K)
+PLANE_TYPES = INT8
 
 
 def declared_gates() -> list[Gate]:
@@ -106,8 +107,6 @@ def fuse_proposal(weights: list[Weight], readers, ctx: LoadContext) -> tuple[int
     if readers:
         return 1, f"mode 2 degraded to 1: {', '.join(readers)} reads the f32 activations"
     return 2, ""
-#: Types with a prefill kernel here (the generic kernel reads all of them from raw blocks).
-SERVED = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 _BUILDER_GATE = {QT.Q4_K: "MINFER_MMQ_Q4K_DSC", QT.Q6_K: "MINFER_MMQ_Q6K_EXP"}
 
 
@@ -161,7 +160,7 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
     r = route(weight, ctx)
     if r is None:
         return None
-    from . import scratch
+    from .launch import scratch
     scratch.probe(ctx.device)  # resolve the cuBLAS entry point now, not in the first forward
     qt = QT(weight.qtype)
     name = qt.name.lower()
@@ -181,7 +180,7 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
     """Fused RMSNorm/SwiGLU for fuse modes 1 and 2; the prepass when ``A_TRANSPOSE`` is on."""
     if not gate_on(ctx, "MINFER_MMQ") or not gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE"):
         return None
-    from . import producers
+    from .ops import producers
     if kind == "prepass":
         return [Candidate(PLUGIN, "mmq.prepass", producers.prepass, "MINFER_MMQ_A_TRANSPOSE")]
     mode = int(ctx.fuse_mode)
@@ -202,7 +201,7 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
 # -- the callables ------------------------------------------------------------------------------
 
 def _w16_fn(weight: Weight):
-    from .scratch import bf16_rows, mm_f32
+    from .launch.scratch import bf16_rows, mm_f32
 
     def fn(act: Activation):
         return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias)
@@ -210,7 +209,7 @@ def _w16_fn(weight: Weight):
 
 
 def _raw_fill(weight: Weight):
-    from .gemm_generic import dequant_raw
+    from .prefill.dequant_raw import dequant_raw
 
     def fill(out, r0, r1):
         return dequant_raw(weight.raw, weight.qtype, weight.n_in, out, r0, r1)
@@ -220,8 +219,8 @@ def _raw_fill(weight: Weight):
 def _plane_fn(weight: Weight):
     """Plane family: the fused GEMM for few rows, else expand + cuBLAS; raw blocks when no plane
     was built (builder gate off, or a float16 overflow)."""
-    from . import gemm_planes
-    from .scratch import bf16_rows, jit_matmul
+    from .prefill import gemm_planes
+    from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
     key = planes.BUILDERS[QT(weight.qtype)][0]
     raw_fill = _raw_fill(weight)
@@ -239,7 +238,7 @@ def _plane_fn(weight: Weight):
 
 
 def _raw_fn(weight: Weight):
-    from .scratch import bf16_rows, jit_matmul
+    from .launch.scratch import bf16_rows, jit_matmul
     fill = _raw_fill(weight)
 
     def fn(act: Activation):

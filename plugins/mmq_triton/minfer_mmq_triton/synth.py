@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
+from minfer_core.quants import BLOCK_FIELDS
+
+from .families import LEGACY, SERVED
+
 #: byte offsets of each type's float16 scale fields inside a block
-F16_FIELDS = {
-    QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
-    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
-}
+F16_FIELDS = {qt: tuple(BLOCK_FIELDS[qt][f][0] for f in ("d", "m", "dmin") if f in BLOCK_FIELDS[qt])
+              for qt in SERVED}
 
 
 def random_raw(qtype: QT, n: int, k: int, device, seed: int = 0) -> torch.Tensor:
@@ -20,7 +22,7 @@ def random_raw(qtype: QT, n: int, k: int, device, seed: int = 0) -> torch.Tensor
     for at in F16_FIELDS[qtype]:
         u = torch.rand(blocks.shape[0], device=device, generator=g)
         mag = torch.exp2(-10 + 4 * u)
-        if at == 0 and qtype not in (QT.Q4_K, QT.Q5_K):
+        if at == BLOCK_FIELDS[qtype]["d"][0] and qtype in LEGACY:  # signed d; K-quant d and mins >= 0
             mag = mag * torch.where(torch.rand_like(u) < 0.5, -1.0, 1.0)
         blocks[:, at:at + 2] = mag.to(torch.float16).view(torch.uint8).view(-1, 2)
     return blocks.view(n, -1)

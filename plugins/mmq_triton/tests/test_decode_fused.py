@@ -18,7 +18,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minfer_mmq_triton.decode_fused import rmsnorm_row, rope_kv_write  # noqa: E402
+from minfer_mmq_triton.ops.norm import rmsnorm_row  # noqa: E402
+from minfer_mmq_triton.ops.rope import rope_kv_write  # noqa: E402
 
 HEADS = [(4, 2, 64), (14, 2, 64), (28, 4, 128)]  # (n_heads, n_kv, D)
 N_CTX = 16
@@ -181,7 +182,7 @@ def test_prefill_rope_kv_rows_match_the_reference(neox):
     """The prefill's fused RoPE + KV write against the reference backend's torch version, on rows
     that are strided views of a fused qkv output, written at a non-zero start."""
     from minfer_core.reference import rope_kv_rows as ref_rows
-    from minfer_mmq_triton.decode_fused import rope_kv_rows
+    from minfer_mmq_triton.ops.rope import rope_kv_rows
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(4)

@@ -32,7 +32,9 @@ from gguf import quants as gguf_quants  # noqa: E402
 
 from minfer_core.quants import info  # noqa: E402
 from minfer_core.weights import Weight  # noqa: E402
-from minfer_mmq_triton import decode, gemv_pack  # noqa: E402
+from minfer_mmq_triton import decode, planes  # noqa: E402
+from minfer_mmq_triton.legacy.plane import pack_legacy, unpack_legacy  # noqa: E402
+from minfer_mmq_triton.q6_k.plane import pack_q6k, unpack_q6k  # noqa: E402
 
 TOL = 2e-6
 TOL_I8 = 5e-5
@@ -187,7 +189,7 @@ def test_fused_residual_norm_swiglu(qtype, cfg):
 
 
 def test_activation_quantizer_two_digits():
-    from minfer_mmq_triton.gemv_q8dot import quantize_x
+    from minfer_mmq_triton.ops.quant_x import quantize_x
 
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(3, 512, generator=gen) * torch.rand(3, 512, generator=gen) * 5
@@ -219,11 +221,11 @@ def test_decode_plane_holds_exactly_the_raw_bytes(qtype):
     k = 512
     raw = random_raw(qtype, 5, k, gen)
     if qtype == QT.Q6_K:
-        plane = gemv_pack.pack_q6k(raw, k)
-        back = gemv_pack.unpack_q6k(plane)
+        plane = pack_q6k(raw, k)
+        back = unpack_q6k(plane)
     else:
-        plane = gemv_pack.pack_legacy(raw, qtype, k)
-        back = gemv_pack.unpack_legacy(plane, qtype)
+        plane = pack_legacy(raw, qtype, k)
+        back = unpack_legacy(plane, qtype)
     assert torch.equal(back, raw)
     assert plane.nbytes() == raw.numel()
 
@@ -242,9 +244,9 @@ def test_plane_built_once_and_reused():
     gen = torch.Generator().manual_seed(1)
     w = make_weight(QT.Q6_K, 4, 256, gen)
     decode.decode_candidates(w, None)
-    plane = w.planes[gemv_pack.KEY]
+    plane = w.planes[planes.KEY_DECODE]
     decode.decode_candidates(w, None)
-    assert w.planes[gemv_pack.KEY] is plane
+    assert w.planes[planes.KEY_DECODE] is plane
 
 
 # -- GPU: the real shapes -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The tensor-core q4_K / q6_K int8 GEMVs (``gemv_mma``; Gluon, GPU only) against gguf's dequantized
+"""The tensor-core q4_K / q6_K int8 GEMVs (``q4_k.gemv_mma``, ``q6_k.gemv_mma``; Gluon, GPU only) against gguf's dequantized
 weights, at the 7B's shapes and at small shapes with partial steps, uneven splits, bias, residual and
 the fused prologues; replayed in a CUDA graph; chosen by ``decode`` under a CUDA load context.
 
@@ -19,15 +19,18 @@ CONFIGS = [(1, 2, 4, 1), (1, 4, 4, 0), (2, 2, 4, 1), (4, 1, 4, 0), (1, 2, 2, 0)]
 
 
 def _q4(w, cfg, split):
-    from minfer_mmq_triton import decode, gemv_mma
-    from minfer_mmq_triton.gemv_split import SplitScratch
+    from minfer_mmq_triton import decode
+    from minfer_mmq_triton.launch.mma import mma_rows
+    from minfer_mmq_triton.launch.split import SplitScratch
+    from minfer_mmq_triton.q4_k.gemv_mma import gemv_q4p_mma
+    from minfer_mmq_triton.q6_k.gemv_mma import gemv_q6k_mma
 
     plane = decode.prepare(w)
     t, s, warps, ahead = cfg
-    scratch = SplitScratch(w.n_out, gemv_mma.mma_rows(t, warps), split)
+    scratch = SplitScratch(w.n_out, mma_rows(t, warps), split)
 
     def fn(x, **kw):
-        return gemv_mma.gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead),
+        return gemv_q4p_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead),
                                      **kw)
 
     fn.scratch = scratch
@@ -121,19 +124,22 @@ Q6_CONFIGS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 2, 2)]
                                             (30000, 3584, 1, False)], ids=str)
 def test_q6k_mma_gemv_matches_gguf(n, k, split, bias):
     from minfer_core.dequant import dequantize
-    from minfer_mmq_triton import decode, gemv_mma
-    from minfer_mmq_triton.gemv_split import SplitScratch
+    from minfer_mmq_triton import decode
+    from minfer_mmq_triton.launch.mma import mma_rows
+    from minfer_mmq_triton.launch.split import SplitScratch
+    from minfer_mmq_triton.q4_k.gemv_mma import gemv_q4p_mma
+    from minfer_mmq_triton.q6_k.gemv_mma import gemv_q6k_mma
 
     gen = torch.Generator(device="cuda").manual_seed(n + k + split + 1)
     w = make_weight(QT.Q6_K, n, k, gen, bias=bias, device="cuda")
     w64 = oracle_dense(w.raw, QT.Q6_K).cuda() if n * k < 1e6 else dequantize(w.raw, QT.Q6_K, k).double()
     plane = decode.prepare(w)
     for t, s, warps in Q6_CONFIGS:
-        scratch = SplitScratch(n, gemv_mma.mma_rows(t, warps), split)
+        scratch = SplitScratch(n, mma_rows(t, warps), split)
         for m in (1, 3):
             x = torch.randn(m, k, generator=gen, device="cuda") * 2
             x[:, 5] = 30.0
-            y = gemv_mma.gemv_q6k_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True)
+            y = gemv_q6k_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True)
             err = check(y, x, w64, w.bias)
             assert err < TOL_I8, f"{n}x{k} split {split} M={m} {(t, s, warps)}: {err:.2e}"
         if split > 1:

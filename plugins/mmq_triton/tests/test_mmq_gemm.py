@@ -39,7 +39,7 @@ def _check(y, x, w, n):
 
 @pytest.mark.parametrize("qt", SERVED)
 def test_dequant_raw_kernel(qt):
-    from minfer_mmq_triton.gemm_generic import dequant_raw
+    from minfer_mmq_triton.prefill.dequant_raw import dequant_raw
 
     n, k = 24, 512 if qt in KQ else 288  # 288 = 9 legacy blocks: a partial 256-value tile
     w = _weight(qt, n, k, seed=11)
@@ -75,7 +75,7 @@ def test_prefill_candidate_small(qt, m, make_ctx):
 def test_plane_family_both_designs(qt, monkeypatch, make_ctx):
     """The fused GEMM and the just-in-time path agree with the oracle (forced each way)."""
     from minfer_core.weights import Activation
-    from minfer_mmq_triton import gemm_planes
+    from minfer_mmq_triton.prefill import gemm_planes
 
     n, k, m = 48, 512, 17
     w = _weight(qt, n, k, seed=2)
@@ -89,8 +89,8 @@ def test_plane_family_both_designs(qt, monkeypatch, make_ctx):
 
 def test_jit_matmul_row_chunks(monkeypatch):
     """Weights above the scratch cap are expanded and multiplied in row chunks."""
-    from minfer_mmq_triton import scratch
-    from minfer_mmq_triton.gemm_generic import dequant_raw
+    from minfer_mmq_triton.launch import scratch
+    from minfer_mmq_triton.prefill.dequant_raw import dequant_raw
 
     n, k, m = 40, 256, 16
     w = _weight(QT.Q8_0, n, k, seed=4)
@@ -106,7 +106,7 @@ def test_jit_matmul_row_chunks(monkeypatch):
 @pytest.mark.parametrize("nk", [(1152, 896), (896, 4864), (4608, 3584), (3584, 18944)])
 def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):
     from minfer_core.weights import Activation
-    from minfer_mmq_triton import gemm_planes
+    from minfer_mmq_triton.prefill import gemm_planes
 
     n, k = nk
     if k % 256 and qt in KQ:

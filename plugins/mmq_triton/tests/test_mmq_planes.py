@@ -67,7 +67,8 @@ def test_q4k_plane_is_exact_where_float16_products_would_overflow():
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
 def test_dequant_plane_kernel(qt):
-    from minfer_mmq_triton import gemm_planes, planes
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill import gemm_planes
     from minfer_mmq_triton.synth import random_raw
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"

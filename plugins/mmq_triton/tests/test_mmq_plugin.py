@@ -110,14 +110,14 @@ def test_decode_and_attention_delegation(make_ctx):
     ctx = make_ctx()
     if importlib.util.find_spec("minfer_mmq_triton.decode") is None:
         assert plugin.minfer_matmul_candidates(weight=_w(QT.Q4_K), phase="decode", ctx=ctx) is None
-    if importlib.util.find_spec("minfer_mmq_triton.attention") is None:
+    if importlib.util.find_spec("minfer_mmq_triton.ops.attention") is None:
         assert plugin.minfer_attention_candidates(phase="decode", ctx=ctx) is None
 
 
 def test_pdl_only_on_hopper_and_not_when_switched_off(monkeypatch):
     """Programmatic dependent launch needs compute capability 9.0; MINFER_PDL=0 turns it off."""
     from minfer_core.weights import LoadContext
-    from minfer_mmq_triton import pdl
+    from minfer_mmq_triton.launch import pdl
 
     monkeypatch.delenv("MINFER_PDL", raising=False)
     hopper = LoadContext(torch.device("cuda"), (9, 0), {})

@@ -10,7 +10,7 @@ SHAPES = [(16, 96), (17, 200)] + ([(3314, 3584)] if DEV == "cuda" else [])
 @pytest.mark.parametrize("m,k", SHAPES)
 @pytest.mark.parametrize("write_f32", [True, False])
 def test_rmsnorm(m, k, write_f32):
-    from minfer_mmq_triton.producers import rmsnorm
+    from minfer_mmq_triton.ops.producers import rmsnorm
 
     x = torch.randn(m, k, device=DEV) * 3
     w = torch.randn(k, device=DEV)
@@ -25,7 +25,7 @@ def test_rmsnorm(m, k, write_f32):
 @pytest.mark.parametrize("m,f", SHAPES)
 @pytest.mark.parametrize("write_f32", [True, False])
 def test_swiglu(m, f, write_f32):
-    from minfer_mmq_triton.producers import swiglu
+    from minfer_mmq_triton.ops.producers import swiglu
 
     gu = torch.randn(m, 2 * f, device=DEV) * 3
     ref = torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]
@@ -37,7 +37,7 @@ def test_swiglu(m, f, write_f32):
 
 
 def test_prepass():
-    from minfer_mmq_triton.producers import prepass
+    from minfer_mmq_triton.ops.producers import prepass
 
     x = torch.randn(17, 64, device=DEV)
     act = prepass(x)

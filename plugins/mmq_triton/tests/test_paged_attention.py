@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from minfer_mmq_triton.paged_attention import PagedDecodeAttention
+from minfer_mmq_triton.ops.paged_attention import PagedDecodeAttention
 
 
 def make_batch(lens, h, hkv, d, page, device="cpu", seed=0):

@@ -1,0 +1,88 @@
+"""minfer beside llama.cpp on the same GGUF files, in one process run: one markdown table.
+
+    python benchmarks/vs_llamacpp.py --models /tmp/7b.gguf /tmp/05b.gguf --llama-bin /tmp/llamacpp/b/bin \
+        [-p 512,3314] [-n 128] [-r 3] [--batched 1,8,32] > table.md
+
+For every model: ``minfer bench -o json --memory`` and ``llama-bench -o json -fa 1 -ngl 99`` with the
+same ``-p`` / ``-n`` / ``-r``, one row per test with both figures and their ratio, and minfer's GPU
+memory; then ``llama-batched-bench`` (``-npp 128 -ntg 128 -npl --batched``) for llama.cpp's
+multi-sequence decode, which minfer does not do (single sequence only). Without ``--llama-bin`` (or
+when a binary is missing) the llama.cpp columns read "-". Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_json(cmd: list[str], timeout: int) -> list | None:
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"  failed: {e}", file=sys.stderr)
+        return None
+    if p.returncode != 0:
+        print(f"  exit {p.returncode}: {p.stderr.strip()[-400:]}", file=sys.stderr)
+        return None
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:  # jsonl (llama-batched-bench logs its lines; take them from either stream)
+        rows = [json.loads(ln) for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.startswith("{")]
+        return rows or None
+
+
+def test_name(n_prompt: int, n_gen: int) -> str:
+    return f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", required=True)
+    ap.add_argument("--llama-bin", type=Path, help="folder holding llama-bench and llama-batched-bench")
+    ap.add_argument("-p", default="512,3314")
+    ap.add_argument("-n", default="128")
+    ap.add_argument("-r", default="3")
+    ap.add_argument("--batched", default="1,8,32", help="llama-batched-bench -npl (parallel sequences)")
+    ap.add_argument("--timeout", type=int, default=400)
+    a = ap.parse_args()
+    lb = a.llama_bin / "llama-bench" if a.llama_bin else None
+    lbb = a.llama_bin / "llama-batched-bench" if a.llama_bin else None
+
+    out = ["| model | test | llama.cpp t/s | minfer t/s | minfer / llama.cpp | minfer mem load / peak |",
+           "|---|---|---:|---:|---:|---:|"]
+    batched = []
+    for model in a.models:
+        name = Path(model).name
+        mine = run_json([sys.executable, "-m", "minfer_core.cli", "bench", "-m", model, "-p", a.p, "-n", a.n,
+                         "-r", a.r, "--memory", "-o", "json"], a.timeout) or []
+        ref = {}
+        if lb and lb.exists():
+            for r in run_json([str(lb), "-m", model, "-p", a.p, "-n", a.n, "-r", a.r, "-fa", "1", "-ngl", "99",
+                               "-o", "json"], a.timeout) or []:
+                ref[test_name(r["n_prompt"], r["n_gen"])] = (r["avg_ts"], r["stddev_ts"])
+        for r in mine:
+            ours, theirs = r["avg_ts"], ref.get(r["test"])
+            mem = f"{r['mem_load_gib']:.2f} / {r['mem_peak_gib']:.2f} GiB" if "mem_load_gib" in r else "-"
+            out.append(f"| {name} | {r['test']} | "
+                       + (f"{theirs[0]:,.1f} ± {theirs[1]:,.1f}" if theirs else "-")
+                       + f" | {ours:,.1f} ± {r['stddev_ts']:,.1f} | "
+                       + (f"{ours / theirs[0]:.2f}x" if theirs else "-") + f" | {mem} |")
+        if lbb and lbb.exists():
+            for r in run_json([str(lbb), "-m", model, "-c", "16384", "-fa", "on", "-ngl", "99", "-npp", "128",
+                               "-ntg", "128", "-npl", a.batched, "--output-format", "jsonl"], a.timeout) or []:
+                batched.append(f"| {name} | {r.get('pl')} | {r.get('speed_pp', 0):,.1f} | {r.get('speed_tg', 0):,.1f} |")
+    print("\n".join(out))
+    if batched:
+        print("\nllama-batched-bench (-npp 128 -ntg 128; minfer decodes one sequence at a time):\n")
+        print("| model | sequences | llama.cpp S_PP t/s | llama.cpp S_TG t/s |\n|---|---:|---:|---:|")
+        print("\n".join(batched))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

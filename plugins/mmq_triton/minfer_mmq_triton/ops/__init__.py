@@ -1,0 +1,1 @@
+"""Kernels that are not quantized matmuls: attention, RoPE + KV write, norms, producers, x quantizer."""

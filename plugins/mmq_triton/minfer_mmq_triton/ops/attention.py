@@ -1,0 +1,197 @@
+"""Decode attention for GQA, split over the KV length (flash-decoding), label ``mmq.attn.splitkv``.
+
+``attention_candidates("decode", ctx)`` offers ``fn(q, k_cache, v_cache, n_valid) -> out``:
+``q`` ``(H, D)`` (any float dtype), caches ``(max_ctx, Hkv, D)`` float16 of one layer, ``n_valid``
+a 0-d int32 device tensor, ``out`` ``(H * D,)`` float32. ``n_valid`` is read only inside the
+kernels, and both grids depend only on shapes, so the call can be captured in a CUDA graph.
+
+Pass 1, grid ``(Hkv, NSPLIT)``: program ``(g, s)`` takes the ``H / Hkv`` query heads sharing KV
+head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positions. The share is
+computed in the kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up to ``BLOCK_S``, so
+short and long contexts both spread over the splits, and a split past ``n_valid`` loads and stores
+nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
+per (head, split).
+Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
+for a ``DC``-wide slice of the head dimension, and divides.
+
+``NSPLIT`` depends only on the device and the KV head count, never on the cache length, so a
+step costs the same whatever context the engine was loaded with (what ran before it included).
+Scores use float16 operands on the tensor cores with float32 accumulation (``q`` is rounded to
+float16 once, probabilities once before ``P @ V``): about 1e-3 relative, the error of the
+float16 cache itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from minfer_core.weights import Candidate
+
+from ..launch.pdl import enabled as pdl_enabled, enter, launch_args
+
+PLUGIN = "mmq_triton"
+LABEL = "mmq.attn.splitkv"
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_split_kernel(
+    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
+    REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
+):
+    enter(PDL)
+    g = tl.program_id(0)
+    s = tl.program_id(1)
+    nv = tl.load(nv_ptr)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
+    lo = s * share
+    hi = tl.minimum(lo + share, nv)
+    r = tl.arange(0, REP_P)
+    dd = tl.arange(0, DP)
+    dmask = dd < D
+    heads = g * REP + r
+    hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
+    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
+    m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([REP_P], dtype=tl.float32)
+    acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    t0 = tl.arange(0, BLOCK_S)
+    for start in range(lo, hi, BLOCK_S):
+        t = start + t0
+        tmask = t < hi
+        kvmask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
+        sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
+        sc = tl.where(tmask[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    part = heads * NSPLIT + s
+    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part, m_i, mask=hmask)
+    tl.store(l_ptr + part, l_i, mask=hmask)
+
+
+@triton.jit
+def _attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
+                         D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
+                         BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
+    """Head ``h``, dims ``c*DC ..``: weigh the splits that hold valid positions (CH at a time)."""
+    enter(PDL)
+    h = tl.program_id(0)
+    dd = tl.program_id(1) * DC + tl.arange(0, DC)
+    nv = tl.load(nv_ptr)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
+    n_act = tl.cdiv(nv, share)  # splits past this one saw no position
+    sp = tl.arange(0, NSPLIT)
+    m_all = tl.max(tl.load(m_ptr + h * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
+    num = tl.zeros([DC], dtype=tl.float32)
+    den = tl.zeros([CH], dtype=tl.float32)
+    for c0 in range(0, n_act, CH):
+        s = c0 + tl.arange(0, CH)
+        smask = s < n_act
+        m = tl.load(m_ptr + h * NSPLIT + s, mask=smask, other=float("-inf"))
+        l = tl.load(l_ptr + h * NSPLIT + s, mask=smask, other=0.0)
+        w = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
+        o = tl.load(o_ptr + (h * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
+        num += tl.sum(w[:, None] * o, axis=0)
+        den += w * l
+    tl.store(out_ptr + h * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
+
+
+def n_splits(n_kv: int, device: torch.device) -> int:
+    """Splits per KV head: the largest power of two that keeps the grid within one program per
+    multiprocessor (fewer, longer splits make the combine cheaper; measured best at depth)."""
+    return max(1, min(1 << ((_sm_count(device) // n_kv).bit_length() - 1), 256)) if _sm_count(device) >= n_kv else 1
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+class SplitKVAttention:
+    """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
+    ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``)."""
+
+    def __init__(self, block_s: int = 64, num_warps: int = 4, pdl: bool = False, nsplit: int | None = None,
+                 dc: int = 32, ch: int = 16):
+        self.block_s, self.num_warps, self.pdl = block_s, num_warps, pdl
+        self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
+        self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+    def _buffers(self, h: int, dp: int, nsplit: int, device) -> tuple[torch.Tensor, ...]:
+        key = (h, dp, nsplit, str(device))
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = (torch.empty(h * nsplit, dp, dtype=torch.float32, device=device),
+                   torch.empty(h * nsplit, dtype=torch.float32, device=device),
+                   torch.empty(h * nsplit, dtype=torch.float32, device=device))
+            self._scratch[key] = buf
+        return buf
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 n_valid: torch.Tensor) -> torch.Tensor:
+        h, d = q.shape
+        n_kv = k_cache.shape[1]
+        rep = h // n_kv
+        if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+            raise ValueError("k/v cache rows must be contiguous in the head dimension")
+        q = q.contiguous()
+        nsplit = self.nsplit or n_splits(n_kv, q.device)
+        dp = max(16, triton.next_power_of_2(d))
+        dc = min(self.dc, dp)
+        o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)
+        out = torch.empty(h * d, dtype=torch.float32, device=q.device)
+        _attn_split_kernel[(n_kv, nsplit)](
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            LOG2E / math.sqrt(d),
+            REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
+            BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
+        )
+        _attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, D=d, DP=dp, DC=dc, NSPLIT=nsplit,
+                                            BLOCK_S=self.block_s, CH=min(nsplit, self.ch), num_warps=4,
+                                            **launch_args(self.pdl))
+        return out
+
+
+def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal GQA prefill attention through torch SDPA in f16 (its flash kernel on the GPU).
+
+    q (T, H, D) f32, k/v (start+T, Hkv, D) f16 from the cache -> (T, H*D) f32. K/V heads are
+    repeated to H so the flash backend always applies (it costs a copy of this layer's K/V).
+    """
+    t, h, d = q.shape
+    rep = h // k.shape[1]
+    qh = q.to(k.dtype).transpose(0, 1)[None]
+    kh = k.transpose(0, 1).repeat_interleave(rep, 0)[None]
+    vh = v.transpose(0, 1).repeat_interleave(rep, 0)[None]
+    if start == 0:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+    else:  # new rows see every cached position and the new ones up to themselves
+        mask = torch.arange(start + t, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None] + start
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    return o[0].transpose(0, 1).reshape(t, h * d).float()
+
+
+def attention_candidates(phase: str, ctx) -> list[Candidate]:
+    """Decode: the split-KV kernel. Prefill (GPU only): torch's flash SDPA in f16."""
+    if phase == "decode":
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx)))]
+    if ctx.device.type == "cuda":
+        return [Candidate(PLUGIN, "mmq.attn.flash", prefill_flash)]
+    return []

@@ -1,0 +1,28 @@
+"""Candidates for the fused elementwise ops (the core ranks them by the policy's order; no gate)."""
+
+from __future__ import annotations
+
+import functools
+
+from minfer_core.weights import Candidate
+
+from ..launch.pdl import enabled as pdl_enabled
+from .norm import rmsnorm_row
+from .rope import rope_kv_rows, rope_kv_write
+
+
+def prefill_op_candidates(kind: str) -> list[Candidate] | None:
+    """The multi-row fused ops of the prefill (ranked by the policy's prefill order, no gate)."""
+    if kind == "prefill_rope_kv":
+        return [Candidate("mmq_triton", "mmq.pre.rope_kv", rope_kv_rows)]
+    return None
+
+
+def decode_op_candidates(kind: str, ctx) -> list[Candidate] | None:
+    """The single-token fused ops (the core ranks them by the policy's decode order)."""
+    pdl = pdl_enabled(ctx)
+    if kind == "decode_rmsnorm":
+        return [Candidate("mmq_triton", "mmq.dec.rmsnorm", functools.partial(rmsnorm_row, pdl=pdl))]
+    if kind == "decode_rope_kv":
+        return [Candidate("mmq_triton", "mmq.dec.rope_kv", functools.partial(rope_kv_write, pdl=pdl))]
+    return None

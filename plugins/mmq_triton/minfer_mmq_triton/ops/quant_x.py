@@ -1,0 +1,99 @@
+"""The int8 decode GEMVs' activation quantizer (fused RMSNorm or SwiGLU first), and ``dp4a``.
+
+The activation row is quantized once per call (``_quant_x_kernel``) to two int8 digits per
+value: per 32-value block ``s = max|x| / 127``, ``h = round(x / s)``, ``l = round(256 (x/s - h))``,
+so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-grade for a
+dot product; a single int8 digit, as llama.cpp uses, would be 2^-8). The kernel also keeps the
+exact float sums of every 16 values for the min / offset terms.
+
+On CPU tensors (the ``TRITON_INTERPRET=1`` tests) ``dp4a`` is emulated with the same integer
+arithmetic; on CUDA tensors it is the PTX instruction.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch.pdl import enter, launch_args
+
+QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
+
+
+@triton.jit
+def dp4a(a, b, USE_ASM: tl.constexpr):
+    """Per 32-bit word: sum over its 4 bytes of unsigned ``a`` times signed ``b`` (int32)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        r = (a & 0xFF) * ((b << 24) >> 24)
+        r += ((a >> 8) & 0xFF) * ((b << 16) >> 24)
+        r += ((a >> 16) & 0xFF) * ((b << 8) >> 24)
+        r += ((a >> 24) & 0xFF) * (b >> 24)
+        return r
+
+
+@triton.jit
+def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps,
+                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr):
+    """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums.
+
+    PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
+    sums the squares of the whole row, RB values at a time); 2 SwiGLU of a (M, 2K) row
+    ``[g | u]``: ``silu(g) * u``.
+    """
+    enter(PDL)
+    m = tl.program_id(0)
+    b = tl.program_id(1) * QB + tl.arange(0, QB)
+    bmask = b < K // 32
+    off = (b * 32)[:, None, None] + (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
+    row = x_ptr + m * stride_xm
+    x = tl.load(row + off, mask=bmask[:, None, None], other=0.0)
+    if PRO == 1:
+        sq = tl.zeros([RB], dtype=tl.float32)
+        for k0 in range(0, K, RB):
+            r = k0 + tl.arange(0, RB)
+            v = tl.load(row + r, mask=r < K, other=0.0)
+            sq += v * v
+        rs = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        x = x * rs * tl.load(nw_ptr + off, mask=bmask[:, None, None], other=0.0)
+    if PRO == 2:
+        u = tl.load(row + K + off, mask=bmask[:, None, None], other=0.0)
+        x = x * tl.sigmoid(x) * u
+    amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    t = x * inv[:, None, None]
+    h = tl.floor(t + 0.5)
+    lo = tl.floor((t - h) * 256.0 + 0.5)  # t - h in [-0.5, 0.5): lo in [-128, 128]
+    carry = lo > 127.5  # 128 -> h + 1, -128 (|t| <= 127, so h stays within int8)
+    h = tl.where(carry, h + 1.0, h)
+    lo = tl.where(carry, lo - 256.0, lo)
+    tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
+    tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
+    tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
+    s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
+    tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
+
+
+def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
+               pdl: bool = False) -> tuple[torch.Tensor, ...]:
+    """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums).
+
+    ``norm=(w, eps)``: quantize ``rmsnorm(x) * w`` instead; ``swiglu``: x is ``(M, 2K)`` ``[g | u]``
+    and ``silu(g) * u`` is quantized (the decode step's elementwise ops, fused here)."""
+    m, k = x.shape
+    if swiglu:
+        k //= 2
+    xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    xs = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
+    x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
+    pro = 1 if norm is not None else 2 if swiglu else 0
+    nw, eps = norm if norm is not None else (x, 0.0)
+    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps),
+                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, num_warps=4,
+                                                            **launch_args(pdl))
+    return xh.view(torch.int32), xl.view(torch.int32), xs, x16
+

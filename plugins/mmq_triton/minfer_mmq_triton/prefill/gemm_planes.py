@@ -1,0 +1,254 @@
+"""The plane family: prefill matmuls over q4_K / q6_K registration-time planes (see ``planes``).
+
+Two designs, picked per call by the row count and the weight shape (``tiles.use_fused``):
+
+* fused: one Triton GEMM loads nibble/scale tiles, dequantizes them in registers to bf16 and
+  feeds ``tl.dot`` with fp32 accumulation; the weight is read once, nothing else is written.
+* just-in-time: a Triton kernel expands the planes into a transient bf16 scratch ``(N, K)``
+  (16-byte loads and stores), then cuBLAS multiplies (``launch.scratch.mm_f32``).
+
+The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins only for few
+rows of a wide weight (gate|up at M <= 64); narrow or K-long weights (qkv, o, down) tie or lose
+because too few programs stream the weight (``benchmarks/bench_prefill.py`` measures both).
+
+Value decoding (shared by both): q4_K ``w = (d sc) q - (dmin m)`` with ``(sc, m)`` per 32 values
+and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..q4_k.plane import Q4KPlane
+from ..q6_k.plane import Q6KPlane
+from ..tiles import DEQUANT_TILES, fused_gemm_tile, use_fused  # noqa: F401  (use_fused: routes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile decoders (shared by the dequantize kernels and the fused GEMM)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t):
+    """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``.
+
+    Tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value
+    ``128t + 64h + 32j + l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin``
+    at block ``t // 2``. Offsets are built by multiplication so the compiler sees 64-byte
+    aligned, contiguous rows (16-byte loads).
+    """
+    j = tl.arange(0, 2)[None, :, None]
+    l = tl.arange(0, 32)[None, None, :]
+    r = rn[:, None, None]
+    m3 = mask_n[:, None, None]
+    b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
+    sub = sc_ptr + r * stride_sc + (t * 4 + j) * 2
+    dmp = dm_ptr + r * stride_dm + (t // 2) * 2
+    d = tl.load(dmp, mask=m3, other=0.0).to(tl.float32)
+    dmin = tl.load(dmp + 1, mask=m3, other=0.0).to(tl.float32)
+    s0 = d * tl.load(sub, mask=m3, other=0).to(tl.float32)
+    m0 = dmin * tl.load(sub + 1, mask=m3, other=0).to(tl.float32)
+    s1 = d * tl.load(sub + 4, mask=m3, other=0).to(tl.float32)
+    m1 = dmin * tl.load(sub + 5, mask=m3, other=0).to(tl.float32)
+    w_lo = (b & 0xF).to(tl.float32) * s0 - m0
+    w_hi = (b >> 4).to(tl.float32) * s1 - m1
+    return w_lo, w_hi
+
+
+@triton.jit
+def _q6k_run(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc, t,
+             F: tl.constexpr):
+    """Values ``256t + 64F .. 256t + 64F + 63`` of rows ``rn`` as float32 ``[BN, 4, 16]``.
+
+    Element ``[r, j, l]`` is value ``256t + 64F + 16j + l``; its scale is ``sc[16t + 4F + j]``.
+    """
+    j = tl.arange(0, 4)[None, :, None]
+    l = tl.arange(0, 16)[None, None, :]
+    r = rn[:, None, None]
+    m3 = mask_n[:, None, None]
+    off = j * 16 + l
+    lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0).to(tl.int32)
+    hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
+    sc = tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + j, mask=m3, other=0.0).to(tl.float32)
+    q = ((lo >> (4 * (F % 2))) & 0xF) | (((hi >> (2 * F)) & 3) << 4)
+    return (q - 32).to(tl.float32) * sc
+
+
+# ---------------------------------------------------------------------------------------------
+# Dequantize to a bf16 scratch (the just-in-time design)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dequant_q4k_kernel(
+    # pointers
+    qs_ptr, sc_ptr, dm_ptr, out_ptr,
+    # sizes
+    N,
+    # strides (elements)
+    stride_qs, stride_sc, stride_dm, stride_out,
+    # meta
+    BLOCK_N: tl.constexpr, SPANS: tl.constexpr,
+):
+    """Planes of ``N`` rows -> bf16 ``out (N, K)``; program ``(pn, pk)`` writes rows
+    ``pn*BLOCK_N ..`` x values ``pk*128*SPANS .. +128*SPANS``."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = rn < N
+    j = tl.arange(0, 2)[None, :, None]
+    l = tl.arange(0, 32)[None, None, :]
+    dst = out_ptr + rn[:, None, None] * stride_out + j * 32 + l
+    for s in tl.static_range(SPANS):
+        t = tl.program_id(1) * SPANS + s
+        w_lo, w_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t)
+        tl.store(dst + t * 128, w_lo.to(tl.bfloat16), mask=mask_n[:, None, None])
+        tl.store(dst + t * 128 + 64, w_hi.to(tl.bfloat16), mask=mask_n[:, None, None])
+
+
+@triton.jit
+def _dequant_q6k_kernel(
+    # pointers
+    ql_ptr, qh_ptr, sc_ptr, out_ptr,
+    # sizes
+    N,
+    # strides (elements)
+    stride_ql, stride_qh, stride_sc, stride_out,
+    # meta
+    BLOCK_N: tl.constexpr,
+):
+    """Planes of ``N`` rows -> bf16 ``out (N, K)``; program ``(pn, pk)`` writes one 256-span."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = rn < N
+    t = tl.program_id(1)
+    j = tl.arange(0, 4)[None, :, None]
+    l = tl.arange(0, 16)[None, None, :]
+    dst = out_ptr + rn[:, None, None] * stride_out + t * 256 + j * 16 + l
+    for f in tl.static_range(4):
+        w = _q6k_run(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc, t, f)
+        tl.store(dst + 64 * f, w.to(tl.bfloat16), mask=mask_n[:, None, None])
+
+
+def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None = None,
+                  config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Rows ``r0:r1`` of a plane -> ``out`` bf16 ``(r1 - r0, K)`` (contiguous rows)."""
+    r1 = plane_rows(plane) if r1 is None else r1
+    n = r1 - r0
+    assert out.dtype == torch.bfloat16 and out.shape == (n, k) and out.stride(1) == 1 and k % 256 == 0
+    if isinstance(plane, Q4KPlane):
+        bn, spans, warps = config or DEQUANT_TILES["q4_k"]
+        qs, sc, dm = plane.qs[r0:r1], plane.sc[r0:r1], plane.dm[r0:r1]
+        grid = (triton.cdiv(n, bn), k // (128 * spans))
+        _dequant_q4k_kernel[grid](qs, sc, dm, out, n, qs.stride(0), sc.stride(0), dm.stride(0), out.stride(0),
+                                  BLOCK_N=bn, SPANS=spans, num_warps=warps)
+    else:
+        bn, _, warps = config or DEQUANT_TILES["q6_k"]
+        ql, qh, sc = plane.ql[r0:r1], plane.qh[r0:r1], plane.sc[r0:r1]
+        grid = (triton.cdiv(n, bn), k // 256)
+        _dequant_q6k_kernel[grid](ql, qh, sc, out, n, ql.stride(0), qh.stride(0), sc.stride(0),
+                                  out.stride(0), BLOCK_N=bn, num_warps=warps)
+    return out
+
+
+def plane_rows(plane) -> int:
+    return (plane.qs if isinstance(plane, Q4KPlane) else plane.ql).shape[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused GEMM (dequantize in registers, bf16 tensor cores)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mma(acc, a, w, DOT_F32: tl.constexpr):
+    """``acc += a @ w.T`` for a bf16 ``[BM, 64]`` and a float32 weight tile ``[BN, 64]``.
+
+    ``DOT_F32`` (CPU interpreter only, whose bf16 dot is unusable) multiplies in float32.
+    """
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(w.to(tl.bfloat16)), acc)
+
+
+@triton.jit
+def _gemm_planes_kernel(
+    # pointers: activation bf16 (M, K); plane tensors p0/p1/p2 (q4_K: qs, sc, dm; q6_K: ql, qh, sc);
+    # bias f32 (N,) or dummy; output f32 (M, N)
+    a_ptr, p0_ptr, p1_ptr, p2_ptr, bias_ptr, c_ptr,
+    # sizes
+    M, N, K,
+    # strides (elements)
+    stride_am, stride_p0, stride_p1, stride_p2, stride_cm,
+    # meta
+    WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
+
+    Each K step covers one span (128 values for q4_K, 256 for q6_K) as 64-wide dots.
+    """
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * grid_n
+    first_m = (pid // group) * GROUP_M
+    size_m = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = rm < M
+    mask_n = rn < N
+    rk = tl.arange(0, 64)
+    a_row = a_ptr + rm[:, None] * stride_am + rk[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if WTYPE == 0:
+        for t in range(0, K // 128):
+            w_lo, w_hi = _q4k_span(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t)
+            a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
+            a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
+            acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
+            acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32)
+    else:
+        for t in range(0, K // 256):
+            for f in tl.static_range(4):
+                w = _q6k_run(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t, f)
+                a = tl.load(a_row + t * 256 + 64 * f, mask=mask_m[:, None], other=0.0)
+                acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=mask_n, other=0.0)[None, :]
+    c = c_ptr + rm[:, None] * stride_cm + rn[None, :]
+    tl.store(c, acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 1024) -> int:
+    """Pipeline depth whose shared memory fits: ``stages`` activation tiles (bf16 ``BM x span``)
+    plus the dequantized weight tile (bf16 ``BN x span``)."""
+    while stages > 1 and stages * bm * span * 2 + bn * span * 2 > budget:
+        stages -= 1
+    return stages
+
+
+def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -> torch.Tensor:
+    """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``."""
+    m, k = a.shape
+    assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
+    if isinstance(plane, Q4KPlane):
+        p0, p1, p2, wtype = plane.qs, plane.sc, plane.dm, 0
+    else:
+        p0, p1, p2, wtype = plane.ql, plane.qh, plane.sc, 1
+    n = p0.shape[0]
+    c = torch.empty(m, n, dtype=torch.float32, device=a.device)
+    bm, bn, warps, stages = config or fused_gemm_tile(m)
+    stages = _fit_stages(bm, bn, 128 if wtype == 0 else 256, stages)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _gemm_planes_kernel[grid](
+        a, p0, p1, p2, bias if bias is not None else c, c,
+        m, n, k,
+        a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
+        WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, num_warps=warps, num_stages=stages,
+    )
+    return c

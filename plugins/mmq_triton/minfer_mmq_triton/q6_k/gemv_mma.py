@@ -1,0 +1,179 @@
+"""The q6_K int8 decode GEMV on tensor cores: ``mma.sync`` (m16n8k32, u8 x s8 -> s32) with 16 weight
+rows as A and the activation's two int8 digits as B, mapped as in ``q4_k.gemv_mma`` (read that first).
+
+Decode plane: ``q6_k.plane.Q6KDecodePlane``, ``WB`` bytes a block: ``ql`` words 0..31, ``qh``
+words ``QH_W ..`` (32..47), int8 scales at bytes ``SC ..`` (192..207)). Value ``128h + 32k + 16s + 4w + (0..3)`` (``h, s < 2``,
+``k, w < 4``) is the 6-bit ``u = ql | qh << 4`` of nibble ``k // 2`` of ``ql`` word
+``16h + 8(k % 2) + 4s + w`` and bits ``2k, 2k + 1`` of ``qh`` word ``32 + 8h + 4s + w``; the 16 values of
+``(h, k, s)`` share scale byte ``8h + 2k + s``; ``q = u - 32``. A group ``(h, s)`` is four sub-blocks
+``k = 0..3``, two MMAs ``m``: lane ``4g + c`` puts ``u`` of word ``w = 2(c % 2) + m`` for ``k = c // 2``
+(from the low nibbles) at k rows ``4c ..`` and for ``k = 2 + c // 2`` (high nibbles, same ``ql`` word)
+at ``16 + 4c ..``, so the B columns and the accumulator read as for q4_K with ``s`` = k. The offset:
+``sum q x = sum u x - 32 sum x`` per 16 values.
+
+Same arithmetic as the dp4a kernels (exact integer sub-block sums, scaled in float32); the float
+summation order differs; the PDL entry (``launch.pdl.enter``) and the split-K store (``launch.split.store_rows``)
+are the Triton kernels' own. Gluon, CUDA only (compute capability 8.0+).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..launch.mma import ax
+from ..launch.pdl import enter
+from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
+from ..ops.quant_x import quantize_x
+from .plane import DECODE_BYTES, QH_AT, SC_AT
+
+WB = gl.constexpr(DECODE_BYTES)  # bytes of a block in the decode plane
+WW = gl.constexpr(DECODE_BYTES // 4)  # its 32-bit words
+QH_W = gl.constexpr(QH_AT // 4)  # word of qh in a block
+SC = gl.constexpr(SC_AT)  # byte offset of the int8 scales
+
+_Q6_MMA2 = gl.constexpr("""{
+.reg .b32 a0, a1, a2, a3, t, z;
+mov.b32 z, 0;
+shr.b32 t, $8, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a0, $4, 0x0F0F0F0F; or.b32 a0, a0, t;
+shr.b32 t, $10, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a1, $6, 0x0F0F0F0F; or.b32 a1, a1, t;
+shr.b32 t, $8, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a2, $4, 4; and.b32 a2, a2, 0x0F0F0F0F; or.b32 a2, a2, t;
+shr.b32 t, $10, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a3, $6, 4; and.b32 a3, a3, 0x0F0F0F0F; or.b32 a3, a3, t;
+mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$12, $14}, {z, z, z, z};
+shr.b32 t, $9, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a0, $5, 0x0F0F0F0F; or.b32 a0, a0, t;
+shr.b32 t, $11, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a1, $7, 0x0F0F0F0F; or.b32 a1, a1, t;
+shr.b32 t, $9, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a2, $5, 4; and.b32 a2, a2, 0x0F0F0F0F; or.b32 a2, a2, t;
+shr.b32 t, $11, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a3, $7, 4; and.b32 a3, a3, 0x0F0F0F0F; or.b32 a3, a3, t;
+mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$13, $15}, {$0, $1, $2, $3};
+}""")
+_Q6_MMA2_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
+
+
+@gluon.jit
+def _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1):
+    """Two MMAs over one q6_K group: ``[..., 2]`` (word pair m) of ``ql`` / ``qh`` words of rows g and
+    g + 8, B registers, qh shifts (``2 (c // 2)``, ``4 + 2 (c // 2)``) -> (row g: h, l), (row g + 8: h, l)."""
+    return gl.inline_asm_elementwise(_Q6_MMA2, _Q6_MMA2_CONSTRAINTS, [ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1],
+                                     dtype=(gl.int32, gl.int32), is_pure=True, pack=2)
+
+
+@gluon.jit
+def _gemv_q6k_mma_kernel(
+    xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    N, NB, stride_ym, stride_bm, n_blocks,
+    HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
+    PDL: gl.constexpr,
+):
+    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks."""
+    W: gl.constexpr = gl.num_warps()
+    BN: gl.constexpr = 16 * T * W
+    # axes [warp, tile, block, g, c, group (h, s), m]
+    L7: gl.constexpr = gl.BlockedLayout([1, T, S, 1, 1, 4, 2], [1, 1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1, 1],
+                                        [6, 5, 4, 3, 2, 1, 0])
+    L6: gl.constexpr = gl.SliceLayout(6, L7)  # [W, T, S, 8, 4, 4]
+    LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L6)))  # [W, T, 8]
+
+    pid = gl.program_id(0)
+    s_id = gl.program_id(1)
+    xm = gl.program_id(2)
+
+    aw, at, ab = ax(W, 0, 7, L7), ax(T, 1, 7, L7), ax(S, 2, 7, L7)
+    ag, ac, agr, am = ax(8, 3, 7, L7), ax(4, 4, 7, L7), ax(4, 5, 7, L7), ax(2, 6, 7, L7)
+    row_g = pid * BN + (aw * T + at) * 16 + ag
+    r_g = gl.minimum(row_g, N - 1).to(gl.int64) * (NB * WW)
+    r_h = gl.minimum(row_g + 8, N - 1).to(gl.int64) * (NB * WW)
+    hh = agr // 2
+    ss = agr % 2
+    w4 = 2 * (ac % 2) + am
+    ql_col = ab * WW + 16 * hh + 8 * (ac // 2) + 4 * ss + w4  # [1, 1, S, 1, 4, 4, 2] words of step block b
+    qh_col = ab * WW + QH_W + 8 * hh + 4 * ss + w4
+    sh0 = 2 * (ac // 2) + am * 0
+    sh1 = sh0 + 4
+    # B: lane (g, c): digit g % 2 of the words k = c // 2 (low) / 2 + c // 2 (high) when in column g's
+    # sub-block g // 2
+    gs = ag // 2
+    x_valid = (gs % 2) == (ac // 2)
+    x_word = ab * 64 + 32 * hh + 8 * ((gs // 2) * 2 + ac // 2) + 4 * ss + w4  # x word (4 values) in the step
+    low_col = gs < 2
+    x_src = gl.where((ag % 2) == 0, xh_ptr, xl_ptr) + xm * (NB * 64)
+    # per (row, group, lane's k = c): scale byte 8h + 2c + s, d; x block 8b + 4h + c, x16 2 (..) + s
+    sw, st, sb = ax(W, 0, 6, L6), ax(T, 1, 6, L6), ax(S, 2, 6, L6)
+    sg, sc_, sgr = ax(8, 3, 6, L6), ax(4, 4, 6, L6), ax(4, 5, 6, L6)
+    srow = pid * BN + (sw * T + st) * 16 + sg
+    sr_g = gl.minimum(srow, N - 1).to(gl.int64)
+    sr_h = gl.minimum(srow + 8, N - 1).to(gl.int64)
+    sc_col = sb * WB + SC + 8 * (sgr // 2) + 2 * sc_ + sgr % 2
+    xblk = xm * (NB * 8) + sb * 8 + 4 * (sgr // 2) + sc_
+    x16i = 2 * xblk + sgr % 2
+
+    per = gl.cdiv(gl.cdiv(NB, SPLIT), S) * S
+    lo = s_id * per
+    hi = gl.minimum(lo + per, NB)
+    enter(PDL)
+    acc_g = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
+    acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
+    for b0_ in range(lo, hi, S):
+        if EVEN:
+            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col)
+            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col)
+            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col)
+            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col)
+            xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid, other=0)
+            scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
+            sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
+            dg = gl.load(d_ptr + sr_g * NB + b0_ + sb).to(gl.float32)
+            dh = gl.load(d_ptr + sr_h * NB + b0_ + sb).to(gl.float32)
+            xs = gl.load(xs_ptr + xblk + b0_ * 8)
+            x16 = gl.load(x16_ptr + x16i + b0_ * 16)
+        else:
+            bm7 = (b0_ + ab) < hi
+            bm6 = (b0_ + sb) < hi
+            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, mask=bm7, other=0)
+            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, mask=bm7, other=0)
+            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, mask=bm7, other=0)
+            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, mask=bm7, other=0)
+            xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid & bm7, other=0)
+            scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
+            sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
+            dg = gl.load(d_ptr + sr_g * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
+            dh = gl.load(d_ptr + sr_h * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
+            xs = gl.load(xs_ptr + xblk + b0_ * 8, mask=bm6, other=0.0)
+            x16 = gl.load(x16_ptr + x16i + b0_ * 16, mask=bm6, other=0.0)
+        b0 = gl.where(low_col, xv, 0)
+        b1 = gl.where(low_col, 0, xv)
+        sg_, sh_ = _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1)  # [.., 2]: (h, l) digit sums
+        hg, lg = gl.split(sg_)
+        hh_, lh_ = gl.split(sh_)
+        vg = gl.convert_layout(hg, L6).to(gl.float32) + gl.convert_layout(lg, L6).to(gl.float32) * (1.0 / 256.0)
+        vh = gl.convert_layout(hh_, L6).to(gl.float32) + gl.convert_layout(lh_, L6).to(gl.float32) * (1.0 / 256.0)
+        acc_g += (dg * scg) * (vg * xs - 32.0 * x16)
+        acc_h += (dh * sch) * (vh * xs - 32.0 * x16)
+    y = gl.join(gl.sum(gl.sum(gl.sum(acc_g, axis=5), axis=4), axis=2),
+                gl.sum(gl.sum(gl.sum(acc_h, axis=5), axis=4), axis=2))  # [W, T, 8, 2]: rows g, g + 8
+    LJ: gl.constexpr = gl.BlockedLayout([1, T, 1, 2], [1, 1, 8, 4], [W, 1, 1, 1], [3, 2, 1, 0])
+    y = gl.convert_layout(y, LJ)
+    rows = pid * BN + (ax(W, 0, 4, LJ) * T + ax(T, 1, 4, LJ)) * 16 + ax(8, 2, 4, LJ) + 8 * ax(2, 3, 4, LJ)
+    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+               HAS_BIAS, SPLIT)
+
+
+def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
+                 scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
+                 pdl: bool = False) -> torch.Tensor:
+    """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
+    ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step."""
+    n, nb = data.d.shape
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    part, cnt = scratch.get(m, x.device)
+    b, sbm, has_bias = bias_or_residual(bias, residual, y)
+    xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
+    extra = {"launch_pdl": True} if pdl else {}
+    _gemv_q6k_mma_kernel[(scratch.n_blocks, split, m)](
+        xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
+        n, nb, y.stride(0), sbm, scratch.n_blocks,
+        HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
+        num_warps=num_warps, **extra)
+    return y
+

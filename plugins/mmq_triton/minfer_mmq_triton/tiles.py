@@ -1,0 +1,157 @@
+"""Tuned launch configurations, as data: decode GEMV tiles keyed by quant type and role, the rules
+that pick among them from the weight's shape, and the split-K policy. Chosen by sweeps on an H200
+at the 7B / 0.5B shapes (``benchmarks/sweep.py``); other GPUs run them unchanged.
+
+A GEMV tile is ``(BN, BB, num_warps, MODE)``: ``BN`` output rows per program, ``BB`` blocks per
+step (q4_K: 128-value spans, whose plane it reads), MODE 0 float kernels summing per sub-block,
+1 float kernels dequantizing with one FMA, 2 int8 dot products (q4_K / q6_K; one small extra
+launch quantizes x), 3 the same on tensor cores (q4_K / q6_K, CUDA only).
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as QT
+
+from .families import INT8, KQUANTS
+
+#: (type, role) -> GEMV tile. Roles: ``float`` / ``int8`` the default of each path; ``narrow``: fewer
+#: than ``NARROW_ROWS`` rows (masked 8-span steps, split at least ``NARROW_SPLIT`` ways); ``long``:
+#: rows of ``LONG_K`` values or more; ``small``: under ``INT8_MIN_BYTES``. Legacy types:
+#: ``small`` under 2 MiB, ``mid`` under 64 MiB, ``big`` above.
+GEMV_TILES: dict[tuple[QT | str, str], tuple[int, int, int, int]] = {
+    (QT.Q4_K, "float"): (8, 4, 4, 0),
+    (QT.Q4_K, "narrow"): (8, 8, 4, 0),
+    (QT.Q4_K, "int8"): (8, 4, 4, 2),
+    (QT.Q4_K, "long"): (16, 2, 2, 2),
+    (QT.Q4_K, "small"): (8, 16, 4, 2),
+    (QT.Q5_K, "float"): (8, 2, 4, 0),  # num_warps 2 when a step is a single super-block (BB = 1)
+    (QT.Q6_K, "float"): (8, 2, 4, 0),  # likewise
+    (QT.Q6_K, "int8"): (16, 2, 2, 2),
+    ("legacy", "small"): (8, 4, 2, 0),
+    ("legacy", "mid"): (16, 4, 4, 0),
+    ("legacy", "big"): (32, 4, 4, 0),
+}
+NARROW_ROWS, NARROW_SPLIT = 2048, 4
+LONG_K = 8192
+#: The int8 path serves weights of at least INT8_MIN_BYTES (below, its extra launch costs more than
+#: the dot products save) and, at any size, the roles whose input is an RMSNorm output: there the
+#: quantizing launch replaces the norm's own.
+INT8_MIN_BYTES = 16 << 20
+INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
+INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
+#: Legacy rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one (masked) step covers the
+#: whole row (4 or 8 rows a program), so no program waits for memory twice.
+LEGACY_ONE_STEP = 32
+
+#: MODE 3 (tensor cores): MMA_WARPS warps a program, each one 16-row tile (q6_K below MMA_TALL rows:
+#: two); matrices of MMA_TALL rows or more (gate|up, the output head) take 2 spans / blocks a step
+#: (q4_K with the next step requested before each step's arithmetic), the others q4_K 4 spans, q6_K
+#: 2 blocks, split-K until the grid has about MMA_PROGRAMS programs (at most MMA_MAX_SPLIT splits).
+MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
+
+#: Split-K (``launch.split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays under
+#: TARGET_PROGRAMS and each split keeps MIN_STEPS steps (MIN_STEPS_TINY under 2 MiB, where latency
+#: dominates): short, wide matrices then fill the GPU.
+SPLIT_BELOW, TARGET_PROGRAMS, MAX_SPLIT = 512, 4096, 64
+MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
+
+
+#: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows, and only weights with
+#: N >= FUSED_MIN_N_OVER_K * K; otherwise the planes are expanded to bf16 and cuBLAS multiplies.
+FUSED_MAX_ROWS, FUSED_MIN_N_OVER_K = 64, 4
+#: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)).
+FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
+#: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K).
+DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
+
+#: PDL (``launch.pdl``): GEMVs over weights of fewer than PREFETCH_MAX_VALUES values ask L2 for
+#: PREFETCH_LINES 128-byte lines of each row before waiting for the previous kernel. It pays where
+#: kernels are short and costs where grids run many waves (later waves re-request their lines).
+PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
+
+
+def use_fused(m: int, n: int, k: int) -> bool:
+    """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T``."""
+    return m <= FUSED_MAX_ROWS and n >= FUSED_MIN_N_OVER_K * k
+
+
+def fused_gemm_tile(m: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the fused plane GEMM for ``m`` rows."""
+    return next(tile for top, tile in FUSED_GEMM_TILES if top is None or m <= top)
+
+
+def pow2_divisor(nb: int, cap: int) -> int:
+    """The largest power of two <= cap dividing nb, or cap when that is under cap / 4 (masked tail)."""
+    bb = 1
+    while bb * 2 <= cap and nb % (bb * 2) == 0:
+        bb *= 2
+    return bb if bb * 4 >= cap or nb < cap else cap
+
+
+def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
+    """Splits of the row so that short, wide matrices still fill the GPU (see ``launch.split``)."""
+    blocks, steps, split = -(-n // bn), -(-nb // bb), 1
+    if blocks >= SPLIT_BELOW:
+        return 1
+    min_steps = MIN_STEPS_TINY if nbytes < (2 << 20) else MIN_STEPS
+    while blocks * split * 2 <= TARGET_PROGRAMS and steps / (split * 2) >= min_steps:
+        split *= 2
+    return split
+
+
+def mma_config(qt, n: int) -> tuple[int, ...]:
+    """MODE 3's ``(BN, BB, num_warps, 3, SPLIT, LOOKAHEAD)`` for a q4_K (BB: spans) or q6_K (BB:
+    blocks) weight of ``n`` rows."""
+    if n >= MMA_TALL:
+        return 16 * MMA_WARPS, 2, MMA_WARPS, 3, 1, int(qt == QT.Q4_K)
+    bn = 16 * MMA_WARPS * (2 if qt == QT.Q6_K else 1)
+    split, blocks = 1, -(-n // bn)
+    while split < MMA_MAX_SPLIT and blocks * split * 2 <= MMA_PROGRAMS:
+        split *= 2
+    return bn, 4 if qt == QT.Q4_K else 2, MMA_WARPS, 3, split, 0
+
+
+def _legacy_size(nbytes: int) -> str:
+    return "small" if nbytes < (2 << 20) else "mid" if nbytes < (64 << 20) else "big"
+
+
+def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> tuple[int, ...]:
+    """``(BN, BB, num_warps, MODE, SPLIT)`` for a weight of ``n`` rows and ``k`` columns; ``mma``: the
+    tensor-core GEMV is available (its configs add LOOKAHEAD)."""
+    from minfer_core.quants import info
+
+    qt = QT(qtype)
+    nbytes = n * info(qt).row_bytes(k)
+    max_split = MAX_SPLIT
+    if qt in KQUANTS:
+        nb = k // (128 if qt == QT.Q4_K else 256)
+        if qt in INT8 and (nbytes >= INT8_MIN_BYTES or role in INT8_NORM_ROLES):
+            if mma:
+                return mma_config(qt, n)
+            tile = "int8"
+            if qt == QT.Q4_K and k >= LONG_K:
+                tile = "long"
+            elif qt == QT.Q4_K and nbytes < INT8_MIN_BYTES:
+                tile = "small"
+            bn, cap, warps, mode = GEMV_TILES[qt, tile]
+            max_split = INT8_MAX_SPLIT[qt]
+        elif qt == QT.Q4_K:
+            bn, cap, warps, mode = GEMV_TILES[qt, "float" if n >= NARROW_ROWS else "narrow"]
+        else:
+            bn, cap, warps, mode = GEMV_TILES[qt, "float"]
+    else:
+        nb = k // 32
+        if nb <= LEGACY_ONE_STEP and nbytes < (64 << 20):  # the whole row in one (masked) step
+            return 4 if n < 1024 else 8, 1 << (nb - 1).bit_length(), 4, 0, 1
+        bn, cap, warps, mode = GEMV_TILES["legacy", _legacy_size(nbytes)]
+    narrow = qt == QT.Q4_K and mode == 0 and n < NARROW_ROWS
+    if qt == QT.Q4_K and (mode == 2 or narrow):  # the plane kernels mask a partial last step cheaply
+        bb = min(cap, 1 << (nb.bit_length() - 1))
+    else:
+        bb = pow2_divisor(nb, cap)
+    if qt in (QT.Q5_K, QT.Q6_K) and mode == 0 and bb == 1:
+        warps = 2
+    split = min(max_split, auto_split(n, nb, bn, bb, nbytes))
+    if narrow:
+        split = max(split, NARROW_SPLIT)
+    return bn, bb, warps, mode, split
