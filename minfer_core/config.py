@@ -19,7 +19,7 @@ from minfer_core.gguf_file import GGUFFile, ModelFileError, shown
 #: that GGUF "llama" rotates interleaved pairs ("normal"); qwen2 rotates halves ("neox").
 ARCHITECTURES = {"llama": "normal", "qwen2": "neox"}
 MAX_INT = 2**31 - 1  # llama.cpp keeps hyper-parameters in int32 / uint32
-_BLOCK = re.compile(r"blk\.(\d+)\.")
+_BLOCK = re.compile(r"blk\.(\d{1,9})\.")  # longer numbers are not blocks (and int() of them is slow)
 
 
 @dataclass(frozen=True)
@@ -144,11 +144,11 @@ def _check_blocks(f: GGUFFile, arch: str, n_layers: int) -> None:
     """block_count must name exactly the blocks ``blk.0`` .. ``blk.{n-1}`` of the tensor table
     (checked before anything is built per layer, so an absurd count costs nothing)."""
     present = {int(m.group(1)) for name in f.tensors if (m := _BLOCK.match(name))}
-    if present == set(range(n_layers)):
+    top = max(present, default=-1)
+    if len(present) == top + 1 == n_layers:  # distinct indices 0..top, as many as the layers
         return
-    held = "no blocks" if not present else (
-        f"blocks 0..{max(present)}" if present == set(range(max(present) + 1)) else
-        f"{len(present)} blocks numbered {min(present)} to {max(present)} with gaps")
+    held = ("no blocks" if not present else f"blocks 0..{top}" if len(present) == top + 1 else
+            f"{len(present)} blocks numbered {min(present)} to {top} with gaps")
     raise ModelFileError(f.path, f"metadata key '{arch}.block_count' is {n_layers} but the tensor table "
                                  f"holds {held}: the file is inconsistent")
 

@@ -94,9 +94,9 @@ def _not_regular(path, mode: int) -> None:
 
 
 def _os_problem(e: OSError) -> str:
-    why = {errno.ENOENT: "file not found",
-           errno.ENOTDIR: "file not found (a part of the path is not a directory)",
-           errno.ELOOP: "symbolic link loop (too many levels of symbolic links): fix or remove the link",
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "file not found" + (" (a part of the path is not a directory)" if e.errno == errno.ENOTDIR else "")
+    why = {errno.ELOOP: "symbolic link loop (too many levels of symbolic links): fix or remove the link",
            errno.EACCES: "permission denied: make the file readable (chmod) or run as its owner",
            errno.EPERM: "permission denied: make the file readable (chmod) or run as its owner"}
     return f"cannot read: {why.get(e.errno) or e.strerror or e}"
@@ -111,7 +111,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     header = parse_header(mm, path)
     arch = header.metadata.get("general.architecture")
     if not isinstance(arch, str):
-        raise ModelFileError(path, "missing metadata key 'general.architecture'")
+        raise ModelFileError(path, "missing metadata key 'general.architecture' (or not a string)")
     tensors: dict[str, TensorEntry] = {}
     for t in header.tensors:
         start = header.data_offset + t.offset

@@ -195,7 +195,7 @@ def parse_header(buf, path: str | Path) -> GGUFHeader:
         n_tensors, n_kv = cur.scalar(_U64), cur.scalar(_U64)
         if n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES > cur.left():
             raise ModelFileError(path, f"the header claims {n_kv} metadata entries and {n_tensors} tensors, "
-                                       f"more than a file of {cur.size} bytes can hold: corrupt file")
+                                       f"more than a file of {cur.size} bytes can hold: truncated or corrupt file")
         metadata: dict[str, Any] = {}
         vtypes: dict[str, VT] = {}
         for i in range(n_kv):
@@ -212,13 +212,16 @@ def parse_header(buf, path: str | Path) -> GGUFHeader:
         if (isinstance(alignment, bool) or not isinstance(alignment, int) or not 0 < alignment <= MAX_ALIGNMENT
                 or alignment & (alignment - 1)):
             raise _Bad(f"is {shown(alignment)}; it must be a power of two up to {MAX_ALIGNMENT}")
+        where = "the tensor table"
         if n_tensors * MIN_TENSOR_INFO_BYTES > cur.left():
             raise _Bad(f"the header claims {n_tensors} tensors, more than the {cur.left()} bytes left "
-                       f"can describe: corrupt file")
+                       f"can describe: truncated or corrupt file")
         infos = []
         for i in range(n_tensors):
             where = f"tensor {i} of {n_tensors}"
-            infos.append(_tensor_info(cur, alignment))
+            name = cur.string()
+            where = f"tensor {shown(name)}"
+            infos.append(_tensor_info(cur, name, alignment))
     except _Bad as e:
         raise ModelFileError(path, f"{where}: {e}") from None
     _check_tensor_table(infos, path)
@@ -226,27 +229,26 @@ def parse_header(buf, path: str | Path) -> GGUFHeader:
     return GGUFHeader(version, metadata, vtypes, alignment, infos, cur.pos, data_offset)
 
 
-def _tensor_info(cur: _Cursor, alignment: int) -> TensorInfo:
-    name = cur.string()
+def _tensor_info(cur: _Cursor, name: str, alignment: int) -> TensorInfo:
     n_dims = cur.scalar(_U32)
     if not 1 <= n_dims <= MAX_DIMS:
-        raise _Bad(f"{shown(name)} has {n_dims} dimensions (need 1 to {MAX_DIMS})")
+        raise _Bad(f"{n_dims} dimensions (need 1 to {MAX_DIMS})")
     ne = tuple(cur.scalar(_U64) for _ in range(n_dims))
     type_id, offset = cur.scalar(_U32), cur.scalar(_U64)
     try:
         qtype = QT(type_id)
     except ValueError:
-        raise _Bad(f"{shown(name)} has unknown tensor type id {type_id}") from None
+        raise _Bad(f"unknown tensor type id {type_id}") from None
     if qtype not in QUANTS:
-        raise _Bad(f"{shown(name)} has unsupported tensor type {qtype.name}")
+        raise _Bad(f"unsupported tensor type {qtype.name}")
     q = QUANTS[qtype]
     if any(d <= 0 for d in ne) or ne[0] % q.block_size:
-        raise _Bad(f"{shown(name)} has bad shape {list(ne)} for type {qtype.name} "
+        raise _Bad(f"bad shape {list(ne)} for type {qtype.name} "
                    f"(rows must be a whole number of {q.block_size}-value blocks)")
     if math.prod(ne) > MAX_TENSOR_VALUES:
-        raise _Bad(f"{shown(name)} has dimensions {list(ne)} whose product overflows: corrupt tensor table")
+        raise _Bad(f"dimensions {list(ne)} multiply past {MAX_TENSOR_VALUES} values (overflow): corrupt tensor table")
     if offset % alignment:
-        raise _Bad(f"{shown(name)} data offset {offset} is not {alignment}-aligned")
+        raise _Bad(f"data offset {offset} is not {alignment}-aligned")
     return TensorInfo(name, qtype, ne, offset, math.prod(ne[1:]) * q.row_bytes(ne[0]))
 
 
