@@ -86,6 +86,8 @@ def map_file(path: str | Path, access: int = mmap.ACCESS_COPY) -> mmap.mmap:
             os.close(fd)
     except OSError as e:
         raise ModelFileError(path, _os_problem(e)) from None
+    except ValueError:  # a NUL in the name
+        raise ModelFileError(path, "bad file name") from None
 
 
 def _not_regular(path, mode: int) -> None:

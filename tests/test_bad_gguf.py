@@ -235,6 +235,28 @@ def test_two_block_count_fewer_than_tensors(tmp_path, capsys):
     cli_refuses(path, capsys, refused(path, "is 1 but the tensor table holds blocks 0..1"))
 
 
+@pytest.mark.parametrize("argv", [["gates"], ["bench"], ["chat"], ["parity"], ["perplexity", "-f", "TEXT"],
+                                  ["tokenize", "hi"]], ids=lambda a: a[0])
+def test_every_command_refuses(tmp_path, capsys, argv):
+    """Every command that opens a model: one line, status 2 (tokenize reads only the vocabulary)."""
+    md, ts = small_model()
+    md["qwen2.block_count"] = 2**40
+    md["tokenizer.ggml.token_type"] = md["tokenizer.ggml.token_type"][:-1]
+    path = write(tmp_path, md, ts)
+    (tmp_path / "text.txt").write_text("hello world " * 40)
+    argv = [str(tmp_path / "text.txt") if a == "TEXT" else a for a in argv]
+    capsys.readouterr()
+    assert cli.main([argv[0], "-m", str(path), *argv[1:]]) == 2
+    out, err = capsys.readouterr()
+    want = "token_type has 259 entries" if argv[0] == "tokenize" else "block_count' is 1099511627776"
+    assert out == "" and err.startswith(f"minfer: error: {path}: ") and err.count("\n") == 1 and want in err, err
+
+
+def test_nul_in_path():
+    with pytest.raises(ModelFileError, match="bad file name"):
+        open_gguf("model\0.gguf")
+
+
 def test_metadata_array_cap(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_header, "MAX_ARRAY_VALUES", 1000)
     md, ts = small_model()
