@@ -76,7 +76,7 @@ class _Keys:
             raise self.bad(key, f"has bad value {shown(v)} (need a number)")
         if not (math.isfinite(v) and above < v < below):
             limit = f"above {above:g}" + ("" if below == math.inf else f" and below {below:g}")
-            raise self.bad(key, f"is {v!r}; it must be a finite number {limit}")
+            raise self.bad(key, f"is {v:g}; it must be a finite number {limit}")
         return float(v)
 
 
@@ -196,8 +196,8 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig) -> None:
     for name, t in f.tensors.items():
         shape = expected.get(name) or optional.get(name)
         if shape is None:
-            raise ModelFileError(f.path, f"unexpected tensor {shown(name)}: a {cfg.arch} model with "
-                                         f"{cfg.n_layers} blocks has no such tensor (wrong architecture?)")
+            raise ModelFileError(f.path, f"unexpected tensor {shown(name)}: a {cfg.n_layers}-block {cfg.arch} "
+                                         f"model has no such tensor (wrong architecture?)")
         if tuple(t.shape) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(t.shape)}, "
                                          f"expected {list(shape)} from the metadata")
