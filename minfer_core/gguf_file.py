@@ -1,65 +1,35 @@
 """Read GGUF files: metadata as Python values, tensors as memory-mapped raw blocks.
 
 A light parser of our own (``gguf.GGUFReader`` builds one numpy object per array element and
-takes ~10 s on a 150k-token vocabulary). Every problem with a file ends in one
+takes ~10 s on a 150k-token vocabulary; the parser is :mod:`minfer_core.gguf_header`). Every
+problem with a file, from a FIFO given as the path to a tensor that runs past the end, ends in one
 :class:`ModelFileError` whose text is ``"<path>: <problem>"``.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
-import struct
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT, GGUFValueType as VT
+from gguf import GGMLQuantizationType as QT
 
-from minfer_core.errors import UserError
+from minfer_core.gguf_header import (  # noqa: F401  (re-exported: the public names of GGUF reading)
+    DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFHeader, ModelFileError, TensorInfo, parse_header, shown,
+)
 from minfer_core.quants import QUANTS
 
 MISSING: Any = object()
-DEFAULT_ALIGNMENT = 32
-GGUF_MAGIC = b"GGUF"
-
-
-class ModelFileError(UserError):
-    """A model file that cannot be used. ``str(e) == "<path>: <problem>"``.
-
-    Built as ``ModelFileError(path, problem)`` (or with one ready-made message)."""
-
-    def __init__(self, path: str | Path, problem: str | None = None):
-        self.path, self.problem = str(path), problem
-        super().__init__(str(path) if problem is None else f"{path}: {problem}")
-
-
-@dataclass
-class TensorInfo:
-    """One entry of the tensor table. ``ne`` is ggml order (fastest dimension first)."""
-
-    name: str
-    qtype: QT
-    ne: tuple[int, ...]
-    offset: int  # relative to the data section
-    n_bytes: int
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(reversed(self.ne))
-
-
-@dataclass
-class GGUFHeader:
-    """Everything before the tensor data (no data needed: also reads layout templates)."""
-
-    version: int
-    metadata: dict[str, Any]
-    value_types: dict[str, VT]
-    alignment: int
-    tensors: list[TensorInfo]
-    header_end: int  # end of the tensor table
-    data_offset: int  # header_end rounded up to the alignment
+_KINDS = ((stat.S_ISDIR, "is a directory, not a GGUF file"),
+          (stat.S_ISFIFO, "is a named pipe (FIFO), not a regular file"),
+          (stat.S_ISCHR, "is a character device, not a regular file"),
+          (stat.S_ISBLK, "is a block device, not a regular file"),
+          (stat.S_ISSOCK, "is a socket, not a regular file"))
 
 
 @dataclass
@@ -97,170 +67,59 @@ class GGUFFile:
         return default
 
 
-class _Truncated(Exception):
-    pass
-
-
-_SCALARS = {
-    VT.UINT8: struct.Struct("<B"), VT.INT8: struct.Struct("<b"), VT.UINT16: struct.Struct("<H"),
-    VT.INT16: struct.Struct("<h"), VT.UINT32: struct.Struct("<I"), VT.INT32: struct.Struct("<i"),
-    VT.FLOAT32: struct.Struct("<f"), VT.BOOL: struct.Struct("<?"), VT.UINT64: struct.Struct("<Q"),
-    VT.INT64: struct.Struct("<q"), VT.FLOAT64: struct.Struct("<d"),
-}
-_NUMPY = {
-    VT.UINT8: "<u1", VT.INT8: "<i1", VT.UINT16: "<u2", VT.INT16: "<i2", VT.UINT32: "<u4",
-    VT.INT32: "<i4", VT.FLOAT32: "<f4", VT.BOOL: "<u1", VT.UINT64: "<u8", VT.INT64: "<i8",
-    VT.FLOAT64: "<f8",
-}
-_U32, _U64 = _SCALARS[VT.UINT32], _SCALARS[VT.UINT64]
-
-
-class _Cursor:
-    """Sequential little-endian reads from a bytes-like buffer; overruns raise ``_Truncated``."""
-
-    def __init__(self, buf, pos: int = 0):
-        self.buf, self.pos, self.size = buf, pos, len(buf)
-
-    def scalar(self, s: struct.Struct):
-        if self.pos + s.size > self.size:
-            raise _Truncated
-        (v,) = s.unpack_from(self.buf, self.pos)
-        self.pos += s.size
-        return v
-
-    def string(self) -> str:
-        n = self.scalar(_U64)
-        end = self.pos + n
-        if end > self.size:
-            raise _Truncated
-        s = self.buf[self.pos:end].decode("utf-8", "replace")
-        self.pos = end
-        return s
-
-    def strings(self, count: int) -> list[str]:
-        # The hot loop for vocabularies: locals only, one bounds check at the end.
-        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
-        if count * 8 > size - pos:
-            raise _Truncated
-        out: list[str] = []
-        append = out.append
+def map_file(path: str | Path, access: int = mmap.ACCESS_COPY) -> mmap.mmap:
+    """Map a regular, non-empty file. Anything else (missing, a directory, a FIFO, a device, a
+    symlink loop, no permission) is a :class:`ModelFileError`; nothing here can block."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # refuse FIFOs before opening them
+            _not_regular(path, mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
-            for _ in range(count):
-                (n,) = unpack(buf, pos)
-                pos += 8
-                append(buf[pos:pos + n].decode("utf-8", "replace"))
-                pos += n
-        except struct.error:
-            raise _Truncated from None
-        if pos > size:
-            raise _Truncated
-        self.pos = pos
-        return out
-
-    def value(self, vtype: int) -> Any:
-        if vtype == VT.STRING:
-            return self.string()
-        if vtype == VT.ARRAY:
-            etype, count = self.scalar(_U32), self.scalar(_U64)
-            if etype == VT.STRING:
-                return self.strings(count)
-            if etype in _NUMPY:
-                dt = np.dtype(_NUMPY[VT(etype)])
-                if count * dt.itemsize > self.size - self.pos:
-                    raise _Truncated
-                arr = np.frombuffer(self.buf, dt, count, self.pos)
-                self.pos += count * dt.itemsize
-                return (arr != 0).tolist() if etype == VT.BOOL else arr.tolist()
-            if etype == VT.ARRAY:
-                return [self.value(VT.ARRAY) for _ in range(count)]
-            raise ValueError(f"unknown metadata array element type {etype}")
-        if vtype in _SCALARS:
-            return self.scalar(_SCALARS[VT(vtype)])
-        raise ValueError(f"unknown metadata value type {vtype}")
+            st = os.fstat(fd)  # the path may have been swapped since the stat above
+            if not stat.S_ISREG(st.st_mode):
+                _not_regular(path, st.st_mode)
+            if st.st_size == 0:
+                raise ModelFileError(path, "not a GGUF file (empty: 0 bytes)")
+            return mmap.mmap(fd, 0, access=access)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ModelFileError(path, _os_problem(e)) from None
+    except ValueError:  # a NUL in the name
+        raise ModelFileError(path, "bad file name") from None
 
 
-def parse_header(buf, path: str | Path) -> GGUFHeader:
-    """Parse magic, metadata and tensor table from ``buf`` (bytes, mmap); checks types/shapes."""
-    if len(buf) < 4 or buf[:4] != GGUF_MAGIC:
-        raise ModelFileError(path, "not a GGUF file (bad magic)")
-    cur = _Cursor(buf, 4)
-    try:
-        version = cur.scalar(_U32)
-        if version > 0xFFFF:
-            raise ModelFileError(path, "big-endian GGUF files are not supported")
-        if version not in (2, 3):
-            raise ModelFileError(path, f"unsupported GGUF version {version} (need 2 or 3)")
-        n_tensors, n_kv = cur.scalar(_U64), cur.scalar(_U64)
-        metadata: dict[str, Any] = {}
-        vtypes: dict[str, VT] = {}
-        for _ in range(n_kv):
-            key = cur.string()
-            vtype = cur.scalar(_U32)
-            try:
-                metadata[key] = cur.value(vtype)
-            except ValueError as e:
-                raise ModelFileError(path, f"metadata key {key!r}: {e}") from None
-            vtypes[key] = VT(vtype)
-        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise ModelFileError(path, f"bad general.alignment {alignment!r}")
-        infos = [_tensor_info(cur, path, alignment) for _ in range(n_tensors)]
-    except _Truncated:
-        raise ModelFileError(path, f"truncated file (header ends early, at byte {cur.size})") from None
-    data_offset = -(-cur.pos // alignment) * alignment
-    return GGUFHeader(version, metadata, vtypes, alignment, infos, cur.pos, data_offset)
+def _not_regular(path, mode: int) -> None:
+    why = next((text for test, text in _KINDS if test(mode)), "is not a regular file")
+    raise ModelFileError(path, f"{why}: give the path of a .gguf model file")
 
 
-def _tensor_info(cur: _Cursor, path, alignment: int) -> TensorInfo:
-    name = cur.string()
-    n_dims = cur.scalar(_U32)
-    if not 1 <= n_dims <= 4:
-        raise ModelFileError(path, f"tensor {name!r} has {n_dims} dimensions (need 1 to 4)")
-    ne = tuple(cur.scalar(_U64) for _ in range(n_dims))
-    type_id, offset = cur.scalar(_U32), cur.scalar(_U64)
-    try:
-        qtype = QT(type_id)
-    except ValueError:
-        raise ModelFileError(path, f"tensor {name!r} has unknown tensor type id {type_id}") from None
-    if qtype not in QUANTS:
-        raise ModelFileError(path, f"tensor {name!r} has unsupported tensor type {qtype.name}")
-    q = QUANTS[qtype]
-    if any(d <= 0 for d in ne) or ne[0] % q.block_size:
-        raise ModelFileError(path, f"tensor {name!r} has bad shape {list(ne)} for type {qtype.name} "
-                                   f"(rows must be a whole number of {q.block_size}-value blocks)")
-    if offset % alignment:
-        raise ModelFileError(path, f"tensor {name!r} data offset {offset} is not {alignment}-aligned")
-    n_rows = int(np.prod(ne[1:], dtype=np.int64))
-    return TensorInfo(name, qtype, ne, offset, n_rows * q.row_bytes(ne[0]))
+def _os_problem(e: OSError) -> str:
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "file not found" + (" (a part of the path is not a directory)" if e.errno == errno.ENOTDIR else "")
+    why = {errno.ELOOP: "symbolic link loop (too many levels of symbolic links): fix or remove the link",
+           errno.EACCES: "permission denied: make the file readable (chmod) or run as its owner",
+           errno.EPERM: "permission denied: make the file readable (chmod) or run as its owner"}
+    return f"cannot read: {why.get(e.errno) or e.strerror or e}"
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Map ``path`` and read its metadata and tensor table; tensor data stays on disk."""
+    """Map ``path`` and read its metadata and tensor table; tensor data stays on disk but must
+    lie inside the file."""
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            # Copy-on-write: writable numpy views (torch.from_numpy stays quiet), file untouched.
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-    except FileNotFoundError:
-        raise ModelFileError(path, "file not found") from None
-    except IsADirectoryError:
-        raise ModelFileError(path, "is a directory, not a GGUF file") from None
-    except ValueError:  # mmap of an empty file
-        raise ModelFileError(path, "not a GGUF file (empty)") from None
-    except OSError as e:
-        raise ModelFileError(path, f"cannot read: {e.strerror or e}") from None
+    # Copy-on-write: writable numpy views (torch.from_numpy stays quiet), file untouched.
+    mm = map_file(path)
     header = parse_header(mm, path)
     arch = header.metadata.get("general.architecture")
     if not isinstance(arch, str):
-        raise ModelFileError(path, "missing metadata key 'general.architecture'")
+        raise ModelFileError(path, "missing metadata key 'general.architecture' (or not a string)")
     tensors: dict[str, TensorEntry] = {}
     for t in header.tensors:
         start = header.data_offset + t.offset
         if start + t.n_bytes > len(mm):
-            raise ModelFileError(path, f"truncated file: tensor {t.name!r} needs bytes up to "
-                                       f"{start + t.n_bytes}, file has {len(mm)}")
-        if t.name in tensors:
-            raise ModelFileError(path, f"duplicate tensor name {t.name!r}")
+            raise ModelFileError(path, f"tensor {shown(t.name)} needs bytes {start} to {start + t.n_bytes}, "
+                                       f"the file has {len(mm)}: truncated file or bad tensor offset")
         row_bytes = QUANTS[t.qtype].row_bytes(t.ne[0])
         data = np.frombuffer(mm, np.uint8, t.n_bytes, start).reshape(t.shape[:-1] + (row_bytes,))
         tensors[t.name] = TensorEntry(t.name, t.qtype, t.shape, data, start)

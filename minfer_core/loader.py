@@ -122,7 +122,7 @@ def load_params(f: GGUFFile, cfg: ModelConfig, weights: list[Weight], device: to
     def vec(name: str) -> torch.Tensor:
         e = t[name]
         if e.qtype != QT.F32:
-            raise ModelFileError(f"{f.path}: {name} has type {e.qtype.name}, expected F32")
+            raise ModelFileError(f.path, f"tensor {name!r} has type {e.qtype.name}, expected F32")
         return _to_tensor(e, device)
 
     emb = t["token_embd.weight"]

@@ -9,6 +9,7 @@ Chunks are generated on a thread pool (numpy releases the GIL) and streamed to d
 from __future__ import annotations
 
 import lzma
+import mmap
 import os
 import sys
 from collections import deque
@@ -20,27 +21,29 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT, GGUFValueType as VT, GGUFWriter
 from tqdm import tqdm
 
-from minfer_core.gguf_file import GGUFHeader, ModelFileError, TensorInfo, parse_header
+from minfer_core.gguf_file import GGUFHeader, ModelFileError, TensorInfo, map_file, parse_header
 from minfer_core.quants import QUANTS
 
 WEIGHT_STD = 0.02
 BIAS_STD = 0.01
 CHUNK_BYTES = 8 << 20
+MAX_TEMPLATE_BYTES = 1 << 30  # decompressed .xz template (real ones: ~6 MB)
 _FLOAT_TYPES = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}
 
 
 def read_template(template: Path) -> tuple[bytes, GGUFHeader]:
     """The template's bytes (``.xz`` is decompressed) and its parsed header."""
-    try:
-        with open(template, "rb") as fh:
-            raw = fh.read()
-    except OSError as e:
-        raise ModelFileError(template, f"cannot read: {e.strerror or e}") from None
+    with map_file(template, mmap.ACCESS_READ) as mm:  # a regular file (a FIFO would block)
+        raw = mm[:]
     if raw[:6] == b"\xfd7zXZ\x00":
+        dec = lzma.LZMADecompressor()
         try:
-            raw = lzma.decompress(raw)
+            raw = dec.decompress(raw, max_length=MAX_TEMPLATE_BYTES)
         except lzma.LZMAError as e:
             raise ModelFileError(template, f"bad xz data: {e}") from None
+        if not dec.eof:
+            raise ModelFileError(template, f"xz data is cut short or holds more than {MAX_TEMPLATE_BYTES} bytes "
+                                           f"(a layout template is a GGUF header, a few MB)")
     return raw, parse_header(raw, template)
 
 
@@ -49,11 +52,7 @@ def synthesize(template: Path, out: Path, seed: int = 0, progress: bool = True) 
     template, out = Path(template), Path(out)
     raw, h = read_template(template)
     tensors = sorted(h.tensors, key=lambda t: t.offset)
-    end = 0
-    for t in tensors:
-        if t.offset < end:
-            raise ModelFileError(template, f"tensor {t.name!r} overlaps the previous tensor's data")
-        end = t.offset + t.n_bytes
+    end = max((t.offset + t.n_bytes for t in tensors), default=0)  # parse_header refused overlaps
     total = h.data_offset + -(-end // h.alignment) * h.alignment
     tmp = out.with_name(out.name + ".part")
     workers = max(1, min(16, os.cpu_count() or 1))

@@ -23,6 +23,8 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, pre_tokenizers
 
+from .vocab_meta import read_vocab, shown
+
 log = logging.getLogger(__name__)
 
 # token_type values (llama.cpp's LLAMA_TOKEN_TYPE_*)
@@ -188,20 +190,16 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
-        """Build from GGUF metadata (``tokenizer.ggml.*`` keys, arrays as sequences)."""
+        """Build from GGUF metadata (``tokenizer.ggml.*`` keys, arrays as sequences); a missing,
+        mistyped or inconsistent key is a ``ValueError`` naming it."""
         model = meta.get("tokenizer.ggml.model")
         if model != "gpt2":
-            raise NotImplementedError(f"tokenizer.ggml.model {model!r} is not supported (only 'gpt2' byte-level BPE)")
-        tokens = [str(t) or f"[EMPTY_{i}]" for i, t in enumerate(meta["tokenizer.ggml.tokens"])]  # as llama.cpp
-        if "tokenizer.ggml.merges" not in meta:
-            raise ValueError("tokenizer.ggml.merges is missing: a gpt2 tokenizer needs its BPE merges")
-        n = len(tokens)
-        types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [NORMAL] * n)]
-        bos, eos, eog = special_tokens(meta, tokens, types)
-        add_bos = meta.get("tokenizer.ggml.add_bos_token")
-        return cls(tokens, types, meta["tokenizer.ggml.merges"], meta.get("tokenizer.ggml.pre"), bos, eos,
-                   add_bos=None if add_bos is None else bool(add_bos),
-                   add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)), eog_ids=frozenset(eog))
+            raise NotImplementedError(f"tokenizer.ggml.model {shown(model)} is not supported "
+                                      f"(only 'gpt2' byte-level BPE)")
+        v = read_vocab(meta)  # checked arrays and flags (ValueError names the key)
+        bos, eos, eog = special_tokens(meta, v.tokens, v.types)
+        return cls(v.tokens, v.types, v.merges, v.pre, bos, eos, add_bos=v.add_bos, add_eos=v.add_eos,
+                   eog_ids=frozenset(eog))
 
     @property
     def _hf(self) -> _HFTokenizer:

@@ -79,7 +79,7 @@ def test_bad_template(tmp_path):
     bad.write_bytes(lzma.compress(b"not a gguf header at all"))
     with pytest.raises(ModelFileError, match="not a GGUF file"):
         synthesize(bad, tmp_path / "o.gguf", progress=False)
-    with pytest.raises(ModelFileError, match="cannot read"):
+    with pytest.raises(ModelFileError, match="file not found"):
         synthesize(tmp_path / "missing.xz", tmp_path / "o.gguf", progress=False)
     assert not (tmp_path / "o.gguf").exists()
 
@@ -112,5 +112,5 @@ def test_command(tmp_path, capsys):
     assert synth_cmd.run(args) == 0
     assert out.exists() and "synth: wrote" in capsys.readouterr().err
     bad = parser.parse_args(["synth", str(tmp_path / "nope.xz"), str(out)])
-    with pytest.raises(ModelFileError, match="nope.xz: cannot read"):
+    with pytest.raises(ModelFileError, match="nope.xz: file not found"):
         synth_cmd.run(bad)

@@ -16,7 +16,7 @@ import numpy as np
 from ..cli import blocked_plugins
 from ..dispatch import build_plan, check_backend, make_context, ranking
 from ..gates import declared_gates, resolve_gates
-from ..gguf_file import GGUFFile, ModelFileError, TensorEntry, parse_header
+from ..gguf_file import GGUFFile, ModelFileError, TensorEntry, map_file, parse_header
 from ..plugins import get_plugin_manager
 from ..policy import WORK, load_policy
 from ..quants import QUANTS
@@ -96,15 +96,8 @@ def open_header(path) -> GGUFFile:
 
         _, header = read_template(path)
     else:
-        try:
-            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                header = parse_header(mm, path)
-        except FileNotFoundError:
-            raise ModelFileError(path, "file not found") from None
-        except ValueError:
-            raise ModelFileError(path, "not a GGUF file (empty)") from None
-        except OSError as e:
-            raise ModelFileError(path, f"cannot read: {e.strerror or e}") from None
+        with map_file(path, mmap.ACCESS_READ) as mm:
+            header = parse_header(mm, path)
     arch = header.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(path, "missing metadata key 'general.architecture'")

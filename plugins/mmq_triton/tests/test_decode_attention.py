@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minfer_mmq_triton.attention import LABEL, attention_candidates  # noqa: E402
+from minfer_mmq_triton.ops.attention import LABEL, attention_candidates  # noqa: E402
 
 TOL = 2e-3
 
