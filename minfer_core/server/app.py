@@ -138,13 +138,13 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         except UserError as e:
             raise P.APIError(400, str(e), param="prompt", code="context_length_exceeded") from None
         rid = P.new_id("chatcmpl" if chat else "cmpl")
-        endpoint = "chat" if chat else "completions"
+        metrics.requests.labels("chat" if chat else "completions", str(body.stream).lower()).inc()
         if body.stream:
-            sse = stream_events(http, stream, rid, chat, body.include_usage(), endpoint)
+            sse = stream_events(http, stream, rid, chat, body.include_usage())
             return StreamingResponse(sse, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         text, final = [], None
-        async for ev in events(http, stream, endpoint, poll_disconnect=True):
+        async for ev in events(http, stream, poll_disconnect=True):
             text.append(ev.text)
             final = ev if ev.finished else None
         if final is None:  # the client went away
@@ -154,11 +154,10 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         return P.completion(rid, model_id, "".join(text), P.FINISH[final.finish_reason], final.prompt_tokens,
                             final.completion_tokens, chat)
 
-    async def stream_events(http, stream: Stream, rid: str, chat: bool, include_usage: bool,
-                            endpoint: str) -> AsyncIterator[str]:
+    async def stream_events(http, stream: Stream, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
         if chat:
             yield sse(P.chunk(rid, model_id, chat, role=True))
-        async for ev in events(http, stream, endpoint):
+        async for ev in events(http, stream):
             if not ev.finished:
                 if ev.text:
                     yield sse(P.chunk(rid, model_id, chat, text=ev.text))
@@ -172,8 +171,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
                 yield sse(final_error(ev).body())
             yield "data: [DONE]\n\n"
 
-    async def events(http: HTTPRequest, stream: Stream, endpoint: str,
-                     poll_disconnect: bool = False) -> AsyncIterator[Event]:
+    async def events(http: HTTPRequest, stream: Stream, poll_disconnect: bool = False) -> AsyncIterator[Event]:
         """A request's events up to and including the final one, timed into the metrics. If the
         consumer stops early (client gone, task cancelled) the request is cancelled in the engine."""
         finished = False
@@ -201,7 +199,6 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
                 finished = ev.finished
                 if finished:
                     metrics.e2e.observe(now - stream.submitted)
-                    metrics.requests.labels(endpoint, ev.finish_reason or "none").inc()
                 yield ev
         finally:
             if not finished:

@@ -37,6 +37,11 @@ class _EngineCollector:
         g = GaugeMetricFamily("minfer_requests_inflight", "accepted requests not yet finished")
         g.add_metric([], float(self.runner.inflight))
         yield g
+        c = CounterMetricFamily("minfer_requests_finished", "accepted requests ended, by finish reason",
+                                labels=["finish_reason"])
+        for reason, n in sorted(self.runner.finished.items()):
+            c.add_metric([reason], float(n))
+        yield c
 
 
 class Metrics:
@@ -49,7 +54,7 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.e2e = Histogram("minfer_request_duration_seconds", "submit to final event",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.requests = Counter("minfer_requests", "finished requests by endpoint and finish reason",
-                                ["endpoint", "finish_reason"], registry=self.registry)
+        self.requests = Counter("minfer_requests", "requests accepted, by endpoint and whether they stream",
+                                ["endpoint", "stream"], registry=self.registry)
         self.rejected = Counter("minfer_requests_rejected", "requests answered with an error status",
                                 ["status"], registry=self.registry)

@@ -43,7 +43,7 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI does
 
     model: str = ""
-    max_tokens: Optional[int] = Field(None, ge=0)
+    max_tokens: Optional[int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
     n: int = 1
@@ -133,7 +133,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=0)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = None
     tools: Optional[list[Any]] = None
     response_format: Optional[dict[str, Any]] = None

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..batch_engine import Event, QueueFull, Request
@@ -40,6 +41,7 @@ class EngineRunner:
         self.engine = engine
         self.loop: asyncio.AbstractEventLoop | None = None
         self.active: dict[str, Stream] = {}
+        self.finished: Counter[str] = Counter()  # final events by finish reason
         self.draining = False  # set on shutdown: new requests get 503
         self.failed: str | None = None  # why the engine thread died, if it did
         self._stop = threading.Event()
@@ -88,6 +90,7 @@ class EngineRunner:
             if ev.finished:
                 with self._lock:
                     self.active.pop(ev.request_id, None)
+                    self.finished[ev.finish_reason or "none"] += 1
 
         req.on_event = on_event
         req.id = rid = new_request_id()
@@ -129,6 +132,7 @@ class EngineRunner:
         """End every request still open with an error event (the engine can no longer do it)."""
         with self._lock:
             left, self.active = list(self.active.values()), {}
+            self.finished["error"] += len(left)
         for s in left:
             ev = Event(request_id=s.id, text="", token_ids=[], finished=True, finish_reason="error",
                        error=message, prompt_tokens=0, completion_tokens=0)
