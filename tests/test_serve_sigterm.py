@@ -20,14 +20,15 @@ pytest.importorskip("fastapi")
 
 from serve_helpers import tiny_model  # noqa: E402
 
-SHUTDOWN_S = 1.0
+SHUTDOWN_S = 2.5
+N_CTX = 2048  # the long stream cannot reach it within the deadline
 TESTS = Path(__file__).parent
 LAUNCH = "import sys, serve_fake; serve_fake.install(); from minfer_core.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def start_server(model: Path, *extra: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-c", LAUNCH, "serve", "-m", str(model), "--port", "0", "-c", "256", "--device", "cpu",
+    cmd = [sys.executable, "-c", LAUNCH, "serve", "-m", str(model), "--port", "0", "--device", "cpu",
            "--backend", "reference", *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
@@ -71,28 +72,36 @@ def read_stream(url: str, body: dict, started: threading.Event, out: list) -> No
 
 
 def test_sigterm_drains_and_exits_zero(tmp_path):
-    proc, url, log = start_server(tiny_model(tmp_path), "--parallel", "1", "--max-queue", "4",
-                                  "--shutdown-timeout", str(SHUTDOWN_S))
+    """Two running streams (one finishes within the deadline, one cannot) and one queued."""
+    proc, url, log = start_server(tiny_model(tmp_path, n_ctx=N_CTX), "-c", str(N_CTX), "--parallel", "2",
+                                  "--max-queue", "4", "--shutdown-timeout", str(SHUTDOWN_S))
     try:
         assert httpx.get(url + "/health").json()["status"] == "ok"
-        ends: list[str] = []
-        threads, flags = [], []
-        for max_tokens in (240, 240, 2):  # parallel 1: the later ones wait in the queue
-            flags.append(threading.Event())
+        ends: dict[str, list] = {"long": [], "short": [], "queued": []}
+        threads = {}
+
+        def launch(name, max_tokens):
+            started = threading.Event()
             body = {"prompt": "the", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-            threads.append(threading.Thread(target=read_stream, args=(url, body, flags[-1], ends), daemon=True))
-            threads[-1].start()
-        assert flags[0].wait(30), "the first stream never started"
-        time.sleep(0.05)
+            threads[name] = threading.Thread(target=read_stream, args=(url, body, started, ends[name]), daemon=True)
+            threads[name].start()
+            return started
+
+        long_, short = launch("long", N_CTX - 8), launch("short", 150)
+        assert long_.wait(30) and short.wait(30), "the streams never started"
+        launch("queued", N_CTX - 8)  # runs once "short" ends, then is cut by the deadline
+        t_end = time.monotonic() + 10
+        while httpx.get(url + "/health").json()["queue_depth"] < 1:
+            assert time.monotonic() < t_end, "the third request never reached the queue"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
-        time.sleep(0.05)
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
         assert httpx.get(url + "/health").status_code == 503
         rc = proc.wait(SHUTDOWN_S + 20)
         elapsed = time.monotonic() - t0
-        for t in threads:
+        for t in threads.values():
             t.join(10)
     finally:
         if proc.poll() is None:
@@ -101,6 +110,7 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
     text = "".join(log)
     assert rc == 0, text
     assert elapsed < SHUTDOWN_S + 10, elapsed
-    assert len(ends) == 3 and all(e.startswith(("finish:", "error:")) for e in ends), (ends, text)
-    assert "KV" in text or "kv" in text.lower(), "the memory plan was not printed"
+    assert "draining (3 in flight" in text
+    assert ends == {"long": ["error:cancelled"], "short": ["finish:length"], "queued": ["error:cancelled"]}, text
+    assert "KV pool" in text or "KV blocks" in text, "the memory plan was not printed"
     assert "server stopped" in text

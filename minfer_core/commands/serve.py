@@ -27,7 +27,8 @@ def add_parser(sub):
     p.add_argument("--max-queue", type=int, default=256, metavar="Q",
                    help="requests waiting beyond --parallel before new ones get 429 (default: 256)")
     p.add_argument("--gpu-memory", type=float, default=None, metavar="FRACTION",
-                   help="fraction of GPU memory the KV cache may fill (default: the engine's)")
+                   help="GPU memory for weights + KV pool: a fraction of the device (<= 1) or GiB (> 1) "
+                        "(default: 0.9)")
     p.add_argument("--block-size", type=int, default=16, metavar="N", help="KV cache block size in tokens (default: 16)")
     p.add_argument("--served-model-name", metavar="NAME", help="id reported by /v1/models (default: the file's stem)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
@@ -41,8 +42,8 @@ def check_args(args) -> None:
                              ("--block-size", args.block_size, 1), ("--ctx-size", args.ctx_size, 0)):
         if value < low:
             raise UserError(f"{flag} must be >= {low}, got {value}")
-    if args.gpu_memory is not None and not 0.0 < args.gpu_memory <= 1.0:
-        raise UserError(f"--gpu-memory is a fraction in (0, 1], got {args.gpu_memory}")
+    if args.gpu_memory is not None and args.gpu_memory <= 0:
+        raise UserError(f"--gpu-memory must be > 0 (a fraction <= 1 or GiB > 1), got {args.gpu_memory}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
     if args.shutdown_timeout < 0:

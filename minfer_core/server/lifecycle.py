@@ -32,7 +32,7 @@ class DrainingServer(uvicorn.Server):
             if sig == signal.SIGINT:
                 self.force_exit = self.should_exit = True
             return
-        log.info("minfer: %s: draining (%d in flight, deadline %.0f s)", signal.Signals(sig).name,
+        log.info("minfer: %s: draining (%d in flight, deadline %g s)", signal.Signals(sig).name,
                  self.runner.inflight, self.shutdown_timeout)
         self.begin_drain()
 

@@ -34,6 +34,11 @@ class _EngineCollector:
             c = CounterMetricFamily(f"minfer_{key.removesuffix('_total')}", doc)
             c.add_metric([], float(stats.get(key, 0)))
             yield c
+        for key, value in stats.items():  # whatever else the engine reports
+            if key not in _GAUGES and key not in _COUNTERS and isinstance(value, (int, float)):
+                g = GaugeMetricFamily(f"minfer_engine_{key}", f"engine stat '{key}'")
+                g.add_metric([], float(value))
+                yield g
         g = GaugeMetricFamily("minfer_requests_inflight", "accepted requests not yet finished")
         g.add_metric([], float(self.runner.inflight))
         yield g
