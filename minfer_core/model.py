@@ -291,6 +291,8 @@ class Transformer:
                 h[t] = h[t] + rt.linear(self.p.layers[i].o, rt.produce(o[t]))
                 h[t] = h[t] + self.ffn(i, rt.rmsnorm(h[t], self.p.ffn_norm[i], cfg.rms_eps))
         L = b.logit_rows.shape[0]
+        if L == 0:
+            return h.new_zeros(0, self.cfg.vocab_size)
         last = F.pad(h.index_select(0, b.logit_rows), (0, 0, 0, -(-L // tile) * tile - L))
         out = [rt.linear("output", rmsnorm(last[t], self.p.out_norm, cfg.rms_eps)) for t in row_tiles(last.shape[0], tile)]
         return torch.cat(out)[:L]
