@@ -245,3 +245,55 @@ def test_drain_deadline_cancels_the_rest(engine):
     be.drain(0.0)
     assert c.final(r.id).finish_reason == "cancelled"
     assert be.pool.n_free == be.pool.n_blocks
+
+
+def test_cli_bench_and_parity_batched(tmp_path):
+    from test_cli import minfer
+    from test_config import build
+
+    model = str(build(tmp_path))
+    res = minfer("--backend", "reference", "bench", "-m", model, "--batch", "1,3", "-p", "20", "-n", "3")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == \
+        ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
+    assert [[c.strip() for c in row.strip("|").split("|")][:4] for row in lines[2:]] == \
+        [["20", "3", "1", "23"], ["20", "3", "3", "69"]]
+    par = minfer("--backend", "reference", "parity", "-m", model, "-p", "ab", "-n", "5", "--batch", "4")
+    assert par.returncode == 0, par.stderr
+    assert "alone vs among 3 others: identical" in par.stdout
+
+
+def among_others(be, target, n_others, n_tokens, seed=0, max_prompt=300):
+    """The target's greedy tokens alone, then among ``n_others`` staggered requests."""
+    c = Collect()
+    r = c.req(target, n_tokens, ignore_eos=True)
+    run(be, {0: [r]})
+    alone_tokens = c.tokens(r.id)
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, max_prompt, (n_others,), generator=g).tolist()
+    others = [c.req(torch.randint(0, 1000, (n,), generator=g).tolist(), n_tokens, ignore_eos=True) for n in lengths]
+    again = c.req(target, n_tokens, ignore_eos=True)
+    half = n_others // 2
+    run(be, {0: others[:half], 2: [again], 5: others[half:]})
+    assert all(c.final(o.id).finish_reason == "length" for o in others)
+    assert be.pool.n_free == be.pool.n_blocks
+    return alone_tokens, c.tokens(again.id)
+
+
+@pytest.mark.slow
+def test_real_model_alone_vs_among_others_and_single_stream(qwen_path):
+    eng = Engine.load(qwen_path, backend="reference", device="cpu", n_ctx=128, progress=False)
+    ids = eng.tok.encode("def fibonacci(n):", add_special=True)
+    be = BatchEngine(eng, parallel=4, max_queue=8, n_blocks=4 * 128 // 16, segment=32, step_tokens=64)
+    alone_tokens, among = among_others(be, ids, 2, 6, max_prompt=24)
+    assert among == alone_tokens
+    assert alone_tokens == greedy_single(eng, ids, 6)[0]
+
+
+@pytest.mark.cuda
+def test_gpu_alone_vs_among_128_others(qwen_path):
+    be = BatchEngine.load(qwen_path, n_ctx=1024, parallel=129, max_queue=256, progress=False)
+    ids = be.tok.encode("def quicksort(items):", add_special=True)
+    alone_tokens, among = among_others(be, ids, 128, 64)
+    assert among == alone_tokens
