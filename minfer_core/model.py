@@ -9,6 +9,7 @@ Shapes: T tokens, H query heads, Hkv KV heads, D head dim, E embedding width.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from .config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
 from .reference import rmsnorm_rows as rmsnorm
+from .reference import rotate
 from .weights import Activation, Weight
 
 PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
@@ -31,13 +33,52 @@ def rope_tables(cfg: ModelConfig, n_ctx: int, device) -> tuple[torch.Tensor, tor
 
 
 class KVCache:
-    """Per-layer K and V of shape (n_ctx, Hkv, D)."""
+    """Per-layer K and V of shape (rows, Hkv, D): one contiguous cache for a single stream, or the
+    storage of a paged pool (:mod:`minfer_core.kv_pages`), seen per layer as ``(rows //
+    block_size, block_size, Hkv, D)``. A single sequence in blocks 0, 1, 2, ... is the contiguous
+    cache, so the single-stream passes read the first ``n_ctx`` rows of the same storage."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, device, dtype):
-        shape = (cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim)
+    def __init__(self, cfg: ModelConfig, rows: int, device, dtype):
+        shape = (cfg.n_layers, rows, cfg.n_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.n_ctx = n_ctx
+        self.rows = rows
+
+    def pages(self, layer: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer as (n_blocks, block_size, Hkv, D) views."""
+        n = self.rows // block_size
+        k, v = self.k[layer, :n * block_size], self.v[layer, :n * block_size]
+        return k.view(n, block_size, *k.shape[1:]), v.view(n, block_size, *v.shape[1:])
+
+
+@dataclass
+class SeqAttention:
+    """One sequence of a batch: its block table (blocks,) int64 on the device, and its attention
+    calls as (first row, end row, first position); each call's rows see every key up to
+    themselves."""
+
+    block_table: torch.Tensor
+    calls: list[tuple[int, int, int]]
+
+
+@dataclass
+class Batch:
+    """The rows of one batched step (any mix of prompt chunks and decode tokens).
+
+    tokens, positions, slots (T,) int64 on the device: the token of each row, its position in its
+    sequence and the pool row its K/V go to. seqs: per sequence, its rows' attention calls.
+    logit_rows (L,) int64: the rows whose logits are wanted, in order.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    seqs: list[SeqAttention]
+    logit_rows: torch.Tensor
+
+
+def row_tiles(n: int, tile: int) -> list[slice]:
+    return [slice(r, r + tile) for r in range(0, n, tile)]
 
 
 class Runtime:
@@ -119,11 +160,19 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, params: ModelParams, rt: Runtime, n_ctx: int, device, kv_dtype):
         self.cfg, self.p, self.rt = cfg, params, rt
         self.device = torch.device(device)
+        self.kv_dtype = kv_dtype
         self.cache = KVCache(cfg, n_ctx, device, kv_dtype)
         self.cos, self.sin = rope_tables(cfg, n_ctx, device)
         self.n_ctx = n_ctx
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
+
+    def resize_cache(self, rows: int) -> None:
+        """Replace the cache by one of ``rows`` rows (a paged pool); the old one is freed first."""
+        self.cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.cache = KVCache(self.cfg, rows, self.device, self.kv_dtype)
 
     # -- pieces ----------------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -198,8 +247,52 @@ class Transformer:
             lw = self.p.layers[i]
             q, k, v = self.split_qkv(rt.decode_normed(lw.attn, h, (self.p.attn_norm[i], cfg.rms_eps)))
             q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
-            o = rt._run(rt.attn_decode, q, c.k[i], c.v[i], n_valid)
+            o = rt._run(rt.attn_decode, q, c.k[i, :self.n_ctx], c.v[i, :self.n_ctx], n_valid)
             h = rt.decode_linear(lw.o, o.view(1, -1), residual=h)
             gu = self.join_gate_up(rt.decode_normed(lw.ffn, h, (self.p.ffn_norm[i], cfg.rms_eps)))
             h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
         return self.head(h)
+
+    def forward_batch(self, b: Batch, block_size: int, tile: int) -> torch.Tensor:
+        """One batched step over the paged cache; logits (L, vocab) of ``b.logit_rows``.
+
+        Batch invariant by construction: every row-wise op (embedding, norms, linears, RoPE) runs
+        over fixed tiles of ``tile`` rows (padded), so a row never shares a matmul shape with a
+        different number of rows; attention runs per sequence and per call of ``b.seqs``, whose
+        shapes depend only on that sequence. A row's result is then the same whatever else the
+        batch holds.
+        """
+        cfg, rt, H, Hkv, D = self.cfg, self.rt, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        T = b.tokens.shape[0]
+        Tp = -(-T // tile) * tile
+        tokens = F.pad(b.tokens, (0, Tp - T))
+        pos = F.pad(b.positions, (0, Tp - T))
+        cos, sin = self.cos[pos], self.sin[pos]
+        neox = cfg.rope_style == "neox"
+        tiles = row_tiles(Tp, tile)
+        h = torch.cat([self.embed(tokens[t]) for t in tiles])
+        for i in range(cfg.n_layers):
+            qkv = [self.qkv(i, rt.rmsnorm(h[t], self.p.attn_norm[i], cfg.rms_eps)) for t in tiles]
+            q, k, v = (torch.cat([x[j] for x in qkv]) for j in range(3))
+            q = rotate(q.reshape(Tp, H, D), cos, sin, neox)
+            k = rotate(k.reshape(Tp, Hkv, D), cos, sin, neox)
+            kc, vc = self.cache.k[i], self.cache.v[i]
+            kc.index_copy_(0, b.slots, k[:T].to(kc.dtype))
+            vc.index_copy_(0, b.slots, v[:T].reshape(T, Hkv, D).to(vc.dtype))
+            kp, vp = self.cache.pages(i, block_size)
+            o = torch.zeros(Tp, H * D, device=h.device, dtype=torch.float32)
+            for s in b.seqs:
+                ks = kp.index_select(0, s.block_table).flatten(0, 1)
+                vs = vp.index_select(0, s.block_table).flatten(0, 1)
+                for r0, r1, p0 in s.calls:
+                    end = p0 + r1 - r0
+                    o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:end], vs[:end], p0)
+            for t in tiles:
+                h[t] = h[t] + rt.linear(self.p.layers[i].o, rt.produce(o[t]))
+                h[t] = h[t] + self.ffn(i, rt.rmsnorm(h[t], self.p.ffn_norm[i], cfg.rms_eps))
+        L = b.logit_rows.shape[0]
+        if L == 0:
+            return h.new_zeros(0, self.cfg.vocab_size)
+        last = F.pad(h.index_select(0, b.logit_rows), (0, 0, 0, -(-L // tile) * tile - L))
+        out = [rt.linear("output", rmsnorm(last[t], self.p.out_norm, cfg.rms_eps)) for t in row_tiles(last.shape[0], tile)]
+        return torch.cat(out)[:L]
