@@ -15,10 +15,6 @@ from gguf import GGMLQuantizationType as QT
 from minfer_core.chat import CHATML_TEMPLATE
 from minfer_core.synth import synthesize, tiny_layout, write_layout
 
-from serve_fake import install
-
-install()
-
 
 def tiny_model(dir: Path, template: str | None = CHATML_TEMPLATE, n_ctx: int = 512) -> Path:
     md, ts = tiny_layout("qwen2", QT.Q8_0)

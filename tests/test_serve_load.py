@@ -115,7 +115,7 @@ def settled(base: str, deadline_s: float = 15.0) -> dict:
 
 
 def test_load_and_faults(model):
-    engine = load_engine(model, n_ctx=N_CTX, parallel=8, max_queue=100)
+    engine = load_engine(model, n_ctx=N_CTX, parallel=8, max_queue=48)
     with live_server(engine) as (base, app):
         _, start = get_json(base + "/health")
         outcomes, seen = asyncio.run(run_load(base))

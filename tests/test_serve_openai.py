@@ -14,9 +14,6 @@ from minfer_core.sampling import SamplerConfig  # noqa: E402
 from serve_helpers import get_json, live_server, load_engine, tiny_model  # noqa: E402
 
 N_CTX = 256
-_fake = pytest.mark.skipif("serve_fake" in getattr(__import__("sys").modules.get("minfer_core.batch_engine"), "__name__", "")
-                           or not hasattr(__import__("sys").modules.get("minfer_core.batch_engine"), "__file__"),
-                           reason="needs the real batched engine")
 NO_EOS = {"ignore_eos": True}
 
 
@@ -61,7 +58,6 @@ def test_models(client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
 
-@_fake
 def test_completion_greedy_matches_single_engine(client, single):
     prompt = "the theme"
     r = client.completions.create(model="anything", prompt=prompt, max_tokens=12, temperature=0, extra_body=NO_EOS)
@@ -83,7 +79,6 @@ def test_completion_stream_equals_non_stream(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
-@_fake
 def test_chat(client, single):
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say the"}]
     r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0, extra_body=NO_EOS)
@@ -101,7 +96,6 @@ def test_chat(client, single):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-@_fake
 def test_stop_string(client):
     kw = dict(model="tiny", prompt="the", temperature=0, extra_body=NO_EOS)
     full = client.completions.create(max_tokens=16, **kw).choices[0].text

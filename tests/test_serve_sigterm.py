@@ -22,13 +22,12 @@ from serve_helpers import tiny_model  # noqa: E402
 
 SHUTDOWN_S = 2.5
 N_CTX = 2048  # the long stream cannot reach it within the deadline
-TESTS = Path(__file__).parent
-LAUNCH = "import sys, serve_fake; serve_fake.install(); from minfer_core.cli import main; sys.exit(main(sys.argv[1:]))"
+ROOT = Path(__file__).parent.parent
 
 
 def start_server(model: Path, *extra: str):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-c", LAUNCH, "serve", "-m", str(model), "--port", "0", "--device", "cpu",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "minfer_core.cli", "serve", "-m", str(model), "--port", "0", "--device", "cpu",
            "--backend", "reference", *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: list[str] = []
