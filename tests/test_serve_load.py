@@ -157,3 +157,40 @@ def test_disconnect_cancels_at_once(model):
     assert 'minfer_requests_finished_total{finish_reason="cancelled"} 1.0' in prom
     assert end["tokens_generated_total"] < N_CTX - 4, "the stream ran to the context end instead of being cancelled"
     assert elapsed < 5.0
+
+
+def test_engine_errors_and_plain_disconnect(model):
+    """A failing forward pass ends its requests with errors (500, or an error event when
+    streaming); a non-streaming client that gives up is cancelled; the pool is whole afterwards."""
+    n_ctx = 512  # long enough that the abandoned request cannot finish before it is noticed
+    engine = load_engine(model, n_ctx=n_ctx, parallel=2, max_queue=4)
+    real_forward = engine.model.forward_batch
+    fail = {"on": False}
+
+    def forward(*a, **kw):
+        if fail["on"]:
+            raise RuntimeError("injected failure")
+        return real_forward(*a, **kw)
+
+    engine.model.forward_batch = forward
+    with live_server(engine) as (base, _):
+        _, start = get_json(base + "/health")
+        body = {"prompt": "the", "max_tokens": 4, "ignore_eos": True}
+        fail["on"] = True
+        r = httpx.post(base + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "injected failure" in r.json()["error"]["message"]
+        with httpx.stream("POST", base + "/v1/chat/completions", timeout=30,
+                          json={"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4}) as s:
+            data = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: ")]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "engine_error"
+        fail["on"] = False
+        assert httpx.post(base + "/v1/completions", json=body, timeout=30).json()["usage"]["completion_tokens"] == 4
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up on a long non-streaming request
+            httpx.post(base + "/v1/completions", json=dict(body, max_tokens=n_ctx), timeout=0.2)
+        end = settled(base)
+        prom = httpx.get(base + "/metrics").text
+    assert end["kv_blocks_free"] == start["kv_blocks_free"] and end["inflight"] == 0
+    assert 'minfer_requests_finished_total{finish_reason="error"} 2.0' in prom
+    assert 'minfer_requests_finished_total{finish_reason="cancelled"} 1.0' in prom
+    assert end["tokens_generated_total"] < 4 + n_ctx // 2, "the abandoned request ran on"

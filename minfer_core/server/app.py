@@ -28,7 +28,7 @@ from .metrics import Metrics
 from .runner import EngineRunner, Event, QueueFull, Request, Stream, UserError
 
 log = logging.getLogger("minfer.serve")
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
 
 
 def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = None) -> FastAPI:
@@ -176,14 +176,17 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         consumer stops early (client gone, task cancelled) the request is cancelled in the engine."""
         finished = False
         last = None
+        checked = time.perf_counter()
         try:
             while not finished:
                 if poll_disconnect:
+                    if time.perf_counter() - checked >= DISCONNECT_POLL_S:
+                        if await http.is_disconnected():
+                            return
+                        checked = time.perf_counter()
                     try:
                         ev = await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
                     except asyncio.TimeoutError:
-                        if await http.is_disconnected():
-                            return
                         continue
                 else:
                     ev = await stream.queue.get()
