@@ -88,9 +88,9 @@ class EngineRunner:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
             if ev.finished:
-                with self._lock:
-                    self.active.pop(ev.request_id, None)
-                    self.finished[ev.finish_reason or "none"] += 1
+                with self._lock:  # counted once, even if _fail_all got there first
+                    if self.active.pop(ev.request_id, None) is not None:
+                        self.finished[ev.finish_reason or "none"] += 1
 
         req.on_event = on_event
         req.id = rid = new_request_id()
