@@ -1,6 +1,6 @@
 """Where a graph-replayed decode step spends its time, kernel by kernel (GPU).
 
-    python benchmarks/step_timeline.py MODEL.gguf [--tokens 16] [--top 40]
+    python benchmarks/step_timeline.py MODEL.gguf [--tokens 16] [--top 40] [--depth N]
 
 Profiles ``--tokens`` decode steps as the engine runs them (CUDA graph replay, PDL when in force)
 with torch.profiler, then orders the step's kernels by start time. With PDL a kernel starts
@@ -43,9 +43,10 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--depth", type=int, default=8, help="tokens in the cache before the profiled steps")
     a = ap.parse_args()
-    eng = Engine.load(a.model, progress=False)
-    ids = _random_ids(eng, 8, 1)
+    eng = Engine.load(a.model, progress=False, n_ctx=a.depth + a.tokens + 32)
+    ids = _random_ids(eng, a.depth, 1)
     toks = _random_ids(eng, a.tokens + 4, 2)
     eng.prefill(ids)
     for t in toks[:4]:  # capture and warm up

@@ -144,11 +144,17 @@ class BatchEngine:
                     "prefix_cache_hit_blocks": self.pool.hits}
 
     def memory_plan(self) -> str:
+        """Weights (on a GPU: everything allocated besides the pool, planes included), the pool, and
+        how many sequences of what length it holds."""
         m = self.model
-        weights = sum(w.raw.numel() * w.raw.element_size() for w in m.rt.weights.values() if w.raw is not None)
         kv = m.cache.k.numel() * m.cache.k.element_size() * 2
+        if m.device.type == "cuda":
+            weights, what = torch.cuda.memory_allocated(m.device) - kv, "allocated besides the KV pool"
+        else:
+            weights = sum(w.raw.numel() * w.raw.element_size() for w in m.rt.weights.values() if w.raw is not None)
+            what = "GGUF blocks"
         toks = self.pool.n_blocks * self.block_size
-        return (f"weights {weights / 2**30:.2f} GiB (GGUF blocks kept) | KV pool {kv / 2**30:.2f} GiB: "
+        return (f"weights {weights / 2**30:.2f} GiB ({what}) | KV pool {kv / 2**30:.2f} GiB: "
                 f"{self.pool.n_blocks} blocks of {self.block_size} tokens = {toks} tokens | fits "
                 f"{toks // self.n_ctx} sequences of {self.n_ctx} tokens or {toks // 1024} of 1024 "
                 f"(--parallel {self.sched.parallel})")

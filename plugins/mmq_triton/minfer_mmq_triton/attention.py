@@ -8,11 +8,14 @@ kernels, and both grids depend only on shapes, so the call can be captured in a 
 Pass 1, grid ``(Hkv, NSPLIT)``: program ``(g, s)`` takes the ``H / Hkv`` query heads sharing KV
 head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positions. The share is
 computed in the kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up to ``BLOCK_S``, so
-short and long contexts both spread over the splits. It writes the unnormalized output, the
-running max and the sum of exponentials (base 2) per (head, split).
-Pass 2, grid ``(H,)``: rescales the splits to a common max and divides. Splits past ``n_valid``
-wrote max ``-inf`` and weigh zero.
+short and long contexts both spread over the splits, and a split past ``n_valid`` loads and stores
+nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
+per (head, split).
+Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
+for a ``DC``-wide slice of the head dimension, and divides.
 
+``NSPLIT`` depends only on the device and the KV head count, never on the cache length, so a
+step costs the same whatever context the engine was loaded with (what ran before it included).
 Scores use float16 operands on the tensor cores with float32 accumulation (``q`` is rounded to
 float16 once, probabilities once before ``P @ V``): about 1e-3 relative, the error of the
 float16 cache itself.
@@ -55,7 +58,7 @@ def _attn_split_kernel(
     dd = tl.arange(0, DP)
     dmask = dd < D
     heads = g * REP + r
-    hmask = r < REP
+    hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
     q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
     q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
     m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
@@ -84,18 +87,18 @@ def _attn_split_kernel(
 
 @triton.jit
 def _attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
-                         D: tl.constexpr, DP: tl.constexpr, NSPLIT: tl.constexpr,
+                         D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
                          BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
-    """Head ``h``: weigh the splits that hold valid positions (CH at a time) and normalize."""
+    """Head ``h``, dims ``c*DC ..``: weigh the splits that hold valid positions (CH at a time)."""
     enter(PDL)
     h = tl.program_id(0)
+    dd = tl.program_id(1) * DC + tl.arange(0, DC)
     nv = tl.load(nv_ptr)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     n_act = tl.cdiv(nv, share)  # splits past this one saw no position
     sp = tl.arange(0, NSPLIT)
     m_all = tl.max(tl.load(m_ptr + h * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
-    dd = tl.arange(0, DP)
-    num = tl.zeros([DP], dtype=tl.float32)
+    num = tl.zeros([DC], dtype=tl.float32)
     den = tl.zeros([CH], dtype=tl.float32)
     for c0 in range(0, n_act, CH):
         s = c0 + tl.arange(0, CH)
@@ -109,21 +112,25 @@ def _attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
     tl.store(out_ptr + h * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
 
 
+def n_splits(n_kv: int, device: torch.device) -> int:
+    """Splits per KV head: the largest power of two that keeps the grid within one program per
+    multiprocessor (fewer, longer splits make the combine cheaper; measured best at depth)."""
+    return max(1, min(1 << ((_sm_count(device) // n_kv).bit_length() - 1), 256)) if _sm_count(device) >= n_kv else 1
+
+
 @functools.lru_cache(maxsize=None)
-def _n_splits(max_ctx: int, n_kv: int, block_s: int, device: torch.device) -> int:
-    """Splits per KV head: about two programs per multiprocessor, at most one per BLOCK_S of cache."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = triton.next_power_of_2(max(1, 2 * sms // n_kv))
-    cap = triton.next_power_of_2(triton.cdiv(max_ctx, block_s))
-    return max(1, min(want, cap, 256))
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 class SplitKVAttention:
     """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
     ``pdl``: launch both kernels with programmatic dependent launch (see ``pdl``)."""
 
-    def __init__(self, block_s: int = 64, num_warps: int = 4, pdl: bool = False):
+    def __init__(self, block_s: int = 64, num_warps: int = 4, pdl: bool = False, nsplit: int | None = None,
+                 dc: int = 32, ch: int = 16):
         self.block_s, self.num_warps, self.pdl = block_s, num_warps, pdl
+        self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def _buffers(self, h: int, dp: int, nsplit: int, device) -> tuple[torch.Tensor, ...]:
@@ -139,13 +146,14 @@ class SplitKVAttention:
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  n_valid: torch.Tensor) -> torch.Tensor:
         h, d = q.shape
-        max_ctx, n_kv, _ = k_cache.shape
+        n_kv = k_cache.shape[1]
         rep = h // n_kv
         if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
             raise ValueError("k/v cache rows must be contiguous in the head dimension")
         q = q.contiguous()
-        nsplit = _n_splits(max_ctx, n_kv, self.block_s, q.device)
+        nsplit = self.nsplit or n_splits(n_kv, q.device)
         dp = max(16, triton.next_power_of_2(d))
+        dc = min(self.dc, dp)
         o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
         _attn_split_kernel[(n_kv, nsplit)](
@@ -155,9 +163,9 @@ class SplitKVAttention:
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
             BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
-        _attn_combine_kernel[(h,)](o_part, m_part, l_part, n_valid, out, D=d, DP=dp, NSPLIT=nsplit,
-                                   BLOCK_S=self.block_s, CH=min(nsplit, 16), num_warps=4,
-                                   **launch_args(self.pdl))
+        _attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, D=d, DP=dp, DC=dc, NSPLIT=nsplit,
+                                            BLOCK_S=self.block_s, CH=min(nsplit, self.ch), num_warps=4,
+                                            **launch_args(self.pdl))
         return out
 
 

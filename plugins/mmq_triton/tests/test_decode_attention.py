@@ -92,6 +92,18 @@ def test_positions_past_n_valid_are_never_read():
     assert torch.equal(a, b)
 
 
+def test_cache_length_changes_nothing():
+    """The split count comes from the device, not the cache length: the same valid rows in a
+    longer cache give the same bits (a step costs what its context costs, not what was allocated)."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = _inputs(14, 2, 64, 200, gen)
+    (c,) = attention_candidates("decode", None)
+    nv = torch.tensor(90, dtype=torch.int32)
+    long_k = torch.cat([k, torch.randn(1800, *k.shape[1:], generator=gen).to(k.dtype)])
+    long_v = torch.cat([v, torch.randn(1800, *v.shape[1:], generator=gen).to(v.dtype)])
+    assert torch.equal(c.fn(q, k, v, nv), c.fn(q, long_k, long_v, nv))
+
+
 # -- GPU ------------------------------------------------------------------------------------------
 
 @pytest.mark.cuda

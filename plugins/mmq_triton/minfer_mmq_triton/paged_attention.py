@@ -1,0 +1,148 @@
+"""Decode attention for a batch of sequences over a paged KV pool, label ``mmq.attn.paged``.
+
+``fn(q, k_pages, v_pages, block_tables, seq_lens) -> out``: ``q`` ``(B, H, D)`` (any float dtype),
+the pool of one layer as ``(n_blocks, PAGE, Hkv, D)`` float16 pages (contiguous), ``block_tables`` ``(B, max_blocks)`` int32 (each sequence's blocks in order),
+``seq_lens`` ``(B,)`` int32 (valid positions, the current token's included), ``out`` ``(B, H * D)``
+float32. Shapes alone fix both grids, so a step can be captured in a CUDA graph.
+
+The same two passes as the single-sequence kernel (:mod:`.attention`), with one more grid axis for
+the sequence: pass 1, grid ``(B * Hkv, NSPLIT)``, spreads each sequence's valid positions over its
+``NSPLIT`` splits and reads each key row through the block table; pass 2, grid ``(B * H, DP / DC)``,
+combines a head's splits. ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
+result is the same bits whatever else is in the batch (batch invariance).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minfer_core.weights import Candidate
+
+PLUGIN = "mmq_triton"
+LABEL = "mmq.attn.paged"
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, m_ptr, l_ptr,
+    stride_bt, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
+    HKV: tl.constexpr, REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
+):
+    b = tl.program_id(0) // HKV
+    g = tl.program_id(0) % HKV
+    s = tl.program_id(1)
+    nv = tl.load(len_ptr + b)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
+    lo = s * share
+    hi = tl.minimum(lo + share, nv)
+    r = tl.arange(0, REP_P)
+    dd = tl.arange(0, DP)
+    dmask = dd < D
+    heads = g * REP + r
+    hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
+    q = tl.load(q_ptr + (b * HKV * REP + heads)[:, None] * D + dd[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+    m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([REP_P], dtype=tl.float32)
+    acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    t0 = tl.arange(0, BLOCK_S)
+    for start in range(lo, hi, BLOCK_S):
+        t = start + t0
+        tmask = t < hi
+        page = tl.load(bt_ptr + b * stride_bt + t // PAGE, mask=tmask, other=0)
+        row = page.to(tl.int64) * PAGE + t % PAGE
+        kvmask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + row[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
+        sc = tl.dot(q, tl.trans(k))
+        sc = tl.where(tmask[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + row[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    part = (b * HKV * REP + heads) * NSPLIT + s
+    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part, m_i, mask=hmask)
+    tl.store(l_ptr + part, l_i, mask=hmask)
+
+
+@triton.jit
+def _paged_combine_kernel(o_ptr, m_ptr, l_ptr, len_ptr, out_ptr,
+                          H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr,
+                          NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, CH: tl.constexpr):
+    """Row ``bh = b * H + h``, dims ``c*DC ..``: weigh the splits that hold valid positions."""
+    bh = tl.program_id(0)
+    dd = tl.program_id(1) * DC + tl.arange(0, DC)
+    nv = tl.load(len_ptr + bh // H)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
+    n_act = tl.cdiv(nv, share)
+    sp = tl.arange(0, NSPLIT)
+    m_all = tl.max(tl.load(m_ptr + bh * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
+    num = tl.zeros([DC], dtype=tl.float32)
+    den = tl.zeros([CH], dtype=tl.float32)
+    for c0 in range(0, n_act, CH):
+        s = c0 + tl.arange(0, CH)
+        smask = s < n_act
+        m = tl.load(m_ptr + bh * NSPLIT + s, mask=smask, other=float("-inf"))
+        l = tl.load(l_ptr + bh * NSPLIT + s, mask=smask, other=0.0)
+        w = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
+        o = tl.load(o_ptr + (bh * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
+        num += tl.sum(w[:, None] * o, axis=0)
+        den += w * l
+    tl.store(out_ptr + bh * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
+
+
+class PagedDecodeAttention:
+    """The batched decode attention callable; its partial-result scratch is kept per shape."""
+
+    def __init__(self, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32, ch: int = 16):
+        self.nsplit, self.block_s, self.num_warps, self.dc, self.ch = nsplit, block_s, num_warps, dc, ch
+        self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+    def _buffers(self, rows: int, dp: int, device) -> tuple[torch.Tensor, ...]:
+        key = (rows, dp, str(device))
+        if key not in self._scratch:
+            self._scratch[key] = (torch.empty(rows * self.nsplit, dp, dtype=torch.float32, device=device),
+                                  torch.empty(rows * self.nsplit, dtype=torch.float32, device=device),
+                                  torch.empty(rows * self.nsplit, dtype=torch.float32, device=device))
+        return self._scratch[key]
+
+    def __call__(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        bsz, h, d = q.shape
+        page, n_kv = k_pages.shape[1], k_pages.shape[2]
+        if page & (page - 1) or not (k_pages.is_contiguous() and v_pages.is_contiguous()):
+            raise ValueError("k/v pages must be contiguous (n_blocks, PAGE, Hkv, D) with PAGE a power of two")
+        k_pool, v_pool = k_pages.flatten(0, 1), v_pages.flatten(0, 1)
+        q = q.contiguous()
+        bt = block_tables.to(torch.int32).contiguous()
+        lens = seq_lens.to(torch.int32).contiguous()
+        dp = max(16, triton.next_power_of_2(d))
+        dc = min(self.dc, dp)
+        rep = h // n_kv
+        o_part, m_part, l_part = self._buffers(bsz * h, dp, q.device)
+        out = torch.empty(bsz, h * d, dtype=torch.float32, device=q.device)
+        _paged_split_kernel[(bsz * n_kv, self.nsplit)](
+            q, k_pool, v_pool, bt, lens, o_part, m_part, l_part,
+            bt.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+            LOG2E / math.sqrt(d), HKV=n_kv, REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
+            PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps,
+        )
+        _paged_combine_kernel[(bsz * h, dp // dc)](
+            o_part, m_part, l_part, lens, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
+            BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), num_warps=4,
+        )
+        return out
+
+
+def paged_candidate() -> Candidate:
+    return Candidate(PLUGIN, LABEL, PagedDecodeAttention())
