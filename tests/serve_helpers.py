@@ -40,13 +40,14 @@ def live_server(engine, template: str | None = CHATML_TEMPLATE, model_id: str = 
 
     from minfer_core.commands.serve import bind
     from minfer_core.server.app import create_app
+    from minfer_core.server.lifecycle import uvicorn_config
     from minfer_core.server.runner import EngineRunner
 
     runner = EngineRunner(engine)
     app = create_app(runner, model_id, template)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn_config(app))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

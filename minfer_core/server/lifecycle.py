@@ -56,9 +56,18 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
+# Idle keep-alive connections are closed after this long. It must exceed the clients' own idle
+# expiry (httpx, hence the openai client: 5 s; aiohttp: 15 s), else a client may send a request on a
+# connection the server is closing at that moment and see a reset.
+KEEP_ALIVE_S = 75
+
+
+def uvicorn_config(app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                          timeout_keep_alive=KEEP_ALIVE_S, access_log=log_level == "debug", lifespan="on")
+
+
 def serve(app, runner: EngineRunner, host: str, port: int, shutdown_timeout: float, log_level: str = "info",
           sockets=None) -> None:
     """Serve until a signal; returns after the drain and uvicorn's shutdown."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            access_log=log_level == "debug", lifespan="on")
-    DrainingServer(config, runner, shutdown_timeout).run(sockets=sockets)
+    DrainingServer(uvicorn_config(app, host, port, log_level), runner, shutdown_timeout).run(sockets=sockets)
