@@ -19,10 +19,12 @@ from typing import Callable, Optional, Sequence as Seq
 
 import torch
 
+from .batch_forward import decode_rows
+from .batch_graphs import DecodeGraphs
+from .batch_inputs import StepPacker
 from .engine import Engine, StopStream, log
 from .errors import UserError
 from .kv_pages import BlockPool
-from .model import Batch, SeqAttention
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
@@ -64,18 +66,28 @@ class _Live:
     def __init__(self, req: Request, tok):
         self.req = req
         self.sampler = Sampler(req.sampling)
+        self.greedy = req.sampling.greedy and req.sampling.repeat_penalty == 1.0  # plain argmax
         self.text = StopStream(tok, req.stop)
         self.out: list[int] = []
 
 
 class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
-                 segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None):
+                 segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
+                 graphs: Optional[bool] = None):
         self.engine, self.model = engine, engine.model
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (64 if self.model.device.type == "cuda" else 16)
-        self.model.resize_cache(n_blocks * block_size)
+        if self.model.rt.attn_paged is None:
+            raise UserError("the plan has no paged_decode attention: the batched engine needs one")
+        # one block past the pool's: the scratch block that padding entries write and read
+        self.model.resize_cache((n_blocks + 1) * block_size)
+        self.packer = StepPacker(block_size, scratch=n_blocks, max_blocks=-(-self.n_ctx // block_size))
+        if graphs is None:  # on where the single stream's steps are graphed (off: -p no:cuda_graphs)
+            graphs = self.model.device.type == "cuda" and "cuda_graphs" in engine.plan.decode_step_order
+        self.graphs = DecodeGraphs(self._decode_step, torch.from_numpy(self.packer.padding), self.model.device) \
+            if graphs and self.model.device.type == "cuda" else None
         self.pool = BlockPool(n_blocks, block_size)
         self.sched = Scheduler(self.pool, parallel=parallel, segment=segment, step_tokens=step_tokens)
         self._lock = threading.Lock()  # guards _incoming, _cancels, _draining and the counters
@@ -92,11 +104,20 @@ class BatchEngine:
     @classmethod
     def load(cls, path, *, n_ctx: int, parallel: int, max_queue: int, gpu_memory: Optional[float] = None,
              block_size: int = 16, kv_blocks: Optional[int] = None, segment: int = 64, step_tokens: int = 512,
-             row_tile: Optional[int] = None, **engine_load_kwargs) -> "BatchEngine":
+             row_tile: Optional[int] = None, graphs: Optional[bool] = None,
+             **engine_load_kwargs) -> "BatchEngine":
         """Load the model and size the KV pool: ``kv_blocks`` blocks, else on a GPU what fits in
         ``gpu_memory`` (a fraction of the device's memory when <= 1, else GiB; default 0.9) after
         the weights, at most enough for ``parallel`` full contexts; on the CPU ``parallel`` full
-        contexts."""
+        contexts.
+
+        ``row_tile`` (default 64 on a GPU, 16 on the CPU): every row-wise op of a step runs over
+        tiles of this many rows, padded, which is what makes a request's bits independent of the
+        batch. It is fixed for the engine's life. Larger tiles read each weight fewer times in big
+        steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
+        on small steps (B=8 computes 64 rows at the default). ``graphs``: decode-only steps as
+        CUDA graphs per bucket of 1..256 sequences (default: on a GPU unless the cuda_graphs
+        plugin is off)."""
         if parallel < 1 or max_queue < 0:
             raise UserError("--parallel must be at least 1 and the queue size at least 0")
         engine = Engine.load(path, n_ctx=n_ctx, **engine_load_kwargs)
@@ -109,7 +130,7 @@ class BatchEngine:
             raise UserError(f"the KV pool holds {kv_blocks * block_size} tokens, less than one context of "
                             f"{engine.model.n_ctx}: lower -c or raise --gpu-memory")
         return cls(engine, parallel=parallel, max_queue=max_queue, n_blocks=kv_blocks, block_size=block_size,
-                   segment=segment, step_tokens=step_tokens, row_tile=row_tile)
+                   segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs)
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, req: Request) -> str:
@@ -202,8 +223,17 @@ class BatchEngine:
 
     def _run(self, work: list[Work]) -> None:
         try:
-            batch, sampled = self._batch(work)
-            logits = self.model.forward_batch(batch, self.block_size, self.row_tile)
+            dev = self.model.device
+            if all(w.end - w.start == 1 for w in work):  # decode-only: one row per sequence
+                inputs = torch.from_numpy(self.packer.decode_only(work)).to(dev)
+                logits = (self.graphs or self._decode_step)(inputs)
+                sampled = [i for i, w in enumerate(work) if w.end == len(w.seq.tokens)]
+                logits = logits[:len(sampled)] if sampled == list(range(len(sampled))) else \
+                    logits.index_select(0, torch.tensor(sampled, device=dev))
+            else:
+                batch, sampled = self.packer.mixed(work, dev)
+                logits = self.model.forward_batch(batch, self.block_size, self.row_tile)
+            tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:  # the step failed: end its requests, keep serving the others
             if self.engine.ctx.trace:
                 traceback.print_exc()
@@ -212,34 +242,37 @@ class BatchEngine:
             return
         for w in work:
             self.sched.advance(w)
-        for i, w in enumerate(sampled):
-            self._sample(w.seq, logits[i])
+        for i, token in zip(sampled, tokens):
+            self._accept(work[i].seq, token)
 
-    def _batch(self, work: list[Work]) -> tuple[Batch, list[Work]]:
-        dev = self.model.device
-        tokens, positions, slots, seqs, logit_rows, sampled = [], [], [], [], [], []
-        for w in work:
-            seq, r0 = w.seq, len(tokens)
-            tokens += seq.tokens[w.start:w.end]
-            positions += range(w.start, w.end)
-            slots += [self.sched.slot(seq, p) for p in range(w.start, w.end)]
-            calls = [(r0 + a - w.start, r0 + b - w.start, a) for a, b in w.calls]
-            table = torch.tensor(seq.blocks[:-(-w.end // self.block_size)], dtype=torch.long, device=dev)
-            seqs.append(SeqAttention(table, calls))
-            if w.end == len(seq.tokens):
-                logit_rows.append(len(tokens) - 1)
-                sampled.append(w)
-        host = torch.tensor([tokens, positions, slots], dtype=torch.long).to(dev)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=dev)
-        return Batch(host[0], host[1], host[2], seqs, rows), sampled
+    def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
+        return decode_rows(self.model, inputs, self.block_size, self.row_tile)
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+    def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """The next token of each sequence from its row of ``logits``: one argmax over every
+        plain-greedy request, the others' rows brought to the host at once for their own
+        samplers; one wait per step."""
+        greedy = [i for i, s in enumerate(seqs) if s.data.greedy]
+        other = [i for i, s in enumerate(seqs) if not s.data.greedy]
+        out = [0] * len(seqs)
+        if greedy:
+            sel = logits if len(greedy) == len(seqs) else logits[greedy]
+            picked = sel.argmax(dim=-1)
+        if other:
+            host = logits[other].float().cpu()
+            for j, i in enumerate(other):
+                out[i] = seqs[i].data.sampler(host[j], seqs[i].tokens)
+        if greedy:
+            for i, t in zip(greedy, picked.tolist()):
+                out[i] = t
+        return out
+
+    def _accept(self, seq: Sequence, token: int) -> None:
         live: _Live = seq.data
         req = live.req
         if len(seq.tokens) == seq.n_prompt and not live.out:
             with self._lock:
                 self.prompt_tokens_total += seq.n_prompt
-        token = live.sampler(logits, seq.tokens)
         if token in self.tok.eog_ids and not req.ignore_eos:
             return self._finish(seq, "eog")
         seq.tokens.append(token)
@@ -256,6 +289,7 @@ class BatchEngine:
     def _finish(self, seq: Sequence, reason: str, text: str = "", token_ids: Seq[int] = (),
                 error: Optional[str] = None) -> None:
         self.sched.remove(seq)
+        self.packer.forget(seq)
         live: _Live = seq.data
         if reason not in ("cancelled", "error"):
             text += live.text.finish()

@@ -23,6 +23,7 @@ from .quants import PLANE_TYPES
 from .weights import Activation, Candidate, LoadContext, Weight
 
 PHASES = ("prefill", "decode")
+ATTENTION_PHASES = PHASES + ("paged_decode",)  # paged_decode: one query row per entry of a batch
 PRODUCERS = ("rmsnorm", "swiglu")
 PREPASS = "prepass"
 DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
@@ -42,7 +43,7 @@ class Plan:
     prefill: dict[str, Candidate]
     decode: dict[str, Candidate]
     producers: dict[str, Candidate]  # 'rmsnorm', 'swiglu' (fuse mode > 0), 'prepass' (A_TRANSPOSE in force)
-    attention: dict[str, Candidate]  # 'prefill', 'decode'
+    attention: dict[str, Candidate]  # 'prefill', 'decode', 'paged_decode'
     fuse_mode: int
     fuse_reason: str
     a_transpose: bool
@@ -205,7 +206,7 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     plan.released_raw = release_raw(weights, plan)
 
     # 7. attention and the decode-step wrapper
-    for phase in PHASES:
+    for phase in ATTENTION_PHASES:
         offers = call_each(pm, "minfer_attention_candidates", only=usable, phase=phase, ctx=ctx)
         plan.attention[phase] = _choose(offers, ranking(policy, "attention", backend), f"attention {phase}", log, plan.notes)
     for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions

@@ -9,8 +9,6 @@ Shapes: T tokens, H query heads, Hkv KV heads, D head dim, E embedding width.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -51,36 +49,6 @@ class KVCache:
         return k.view(n, block_size, *k.shape[1:]), v.view(n, block_size, *v.shape[1:])
 
 
-@dataclass
-class SeqAttention:
-    """One sequence of a batch: its block table (blocks,) int64 on the device, and its attention
-    calls as (first row, end row, first position); each call's rows see every key up to
-    themselves."""
-
-    block_table: torch.Tensor
-    calls: list[tuple[int, int, int]]
-
-
-@dataclass
-class Batch:
-    """The rows of one batched step (any mix of prompt chunks and decode tokens).
-
-    tokens, positions, slots (T,) int64 on the device: the token of each row, its position in its
-    sequence and the pool row its K/V go to. seqs: per sequence, its rows' attention calls.
-    logit_rows (L,) int64: the rows whose logits are wanted, in order.
-    """
-
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    seqs: list[SeqAttention]
-    logit_rows: torch.Tensor
-
-
-def row_tiles(n: int, tile: int) -> list[slice]:
-    return [slice(r, r + tile) for r in range(0, n, tile)]
-
-
 class Runtime:
     """Calls the kernels of a plan and counts dispatch labels (``--trace-dispatch``)."""
 
@@ -90,6 +58,7 @@ class Runtime:
         self.counts: Counter[str] = Counter()
         self.attn_prefill = plan.attention["prefill"]
         self.attn_decode = plan.attention["decode"]
+        self.attn_paged = plan.attention.get("paged_decode")  # the batched engine's single rows
         self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
         self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
         self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]
@@ -253,46 +222,8 @@ class Transformer:
             h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
         return self.head(h)
 
-    def forward_batch(self, b: Batch, block_size: int, tile: int) -> torch.Tensor:
-        """One batched step over the paged cache; logits (L, vocab) of ``b.logit_rows``.
+    def forward_batch(self, b, block_size: int, tile: int) -> torch.Tensor:
+        """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
+        from .batch_forward import forward_batch
 
-        Batch invariant by construction: every row-wise op (embedding, norms, linears, RoPE) runs
-        over fixed tiles of ``tile`` rows (padded), so a row never shares a matmul shape with a
-        different number of rows; attention runs per sequence and per call of ``b.seqs``, whose
-        shapes depend only on that sequence. A row's result is then the same whatever else the
-        batch holds.
-        """
-        cfg, rt, H, Hkv, D = self.cfg, self.rt, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
-        T = b.tokens.shape[0]
-        Tp = -(-T // tile) * tile
-        tokens = F.pad(b.tokens, (0, Tp - T))
-        pos = F.pad(b.positions, (0, Tp - T))
-        cos, sin = self.cos[pos], self.sin[pos]
-        neox = cfg.rope_style == "neox"
-        tiles = row_tiles(Tp, tile)
-        h = torch.cat([self.embed(tokens[t]) for t in tiles])
-        for i in range(cfg.n_layers):
-            qkv = [self.qkv(i, rt.rmsnorm(h[t], self.p.attn_norm[i], cfg.rms_eps)) for t in tiles]
-            q, k, v = (torch.cat([x[j] for x in qkv]) for j in range(3))
-            q = rotate(q.reshape(Tp, H, D), cos, sin, neox)
-            k = rotate(k.reshape(Tp, Hkv, D), cos, sin, neox)
-            kc, vc = self.cache.k[i], self.cache.v[i]
-            kc.index_copy_(0, b.slots, k[:T].to(kc.dtype))
-            vc.index_copy_(0, b.slots, v[:T].reshape(T, Hkv, D).to(vc.dtype))
-            kp, vp = self.cache.pages(i, block_size)
-            o = torch.zeros(Tp, H * D, device=h.device, dtype=torch.float32)
-            for s in b.seqs:
-                ks = kp.index_select(0, s.block_table).flatten(0, 1)
-                vs = vp.index_select(0, s.block_table).flatten(0, 1)
-                for r0, r1, p0 in s.calls:
-                    end = p0 + r1 - r0
-                    o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:end], vs[:end], p0)
-            for t in tiles:
-                h[t] = h[t] + rt.linear(self.p.layers[i].o, rt.produce(o[t]))
-                h[t] = h[t] + self.ffn(i, rt.rmsnorm(h[t], self.p.ffn_norm[i], cfg.rms_eps))
-        L = b.logit_rows.shape[0]
-        if L == 0:
-            return h.new_zeros(0, self.cfg.vocab_size)
-        last = F.pad(h.index_select(0, b.logit_rows), (0, 0, 0, -(-L // tile) * tile - L))
-        out = [rt.linear("output", rmsnorm(last[t], self.p.out_norm, cfg.rms_eps)) for t in row_tiles(last.shape[0], tile)]
-        return torch.cat(out)[:L]
+        return forward_batch(self, b, block_size, tile)

@@ -66,13 +66,14 @@ def run(be: BatchEngine, arrivals: dict[int, list[Request]], logits: dict | None
     """Submit each list of requests at its step number; step until idle; the number of steps.
     ``logits`` collects the logits each request sampled from, by request id."""
     if logits is not None:
-        sample = be._sample
+        pick = be._pick
 
-        def recording(seq, row):
-            logits.setdefault(seq.id, []).append(row.clone())
-            sample(seq, row)
+        def recording(seqs, rows):
+            for seq, row in zip(seqs, rows):
+                logits.setdefault(seq.id, []).append(row.clone())
+            return pick(seqs, rows)
 
-        be._sample = recording
+        be._pick = recording
     step = 0
     while True:
         for r in arrivals.get(step, []):
@@ -212,7 +213,8 @@ def test_cancel_error_and_limits(engine, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(be.model, "forward_batch", boom)
+    monkeypatch.setattr(be.model, "forward_batch", boom)  # mixed steps
+    monkeypatch.setattr(be, "_decode_step", boom)  # decode-only steps
     be.step()
     assert c.final(r2.id).finish_reason == "error" and "injected" in c.final(r2.id).error
     assert be.pool.n_free == be.pool.n_blocks and not be.step()
