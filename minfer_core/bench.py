@@ -92,3 +92,59 @@ def gpu_memory(engine: Engine) -> dict[str, float]:
         return {}
     return {"allocated_gib": torch.cuda.memory_allocated(engine.device) / 2**30,
             "peak_gib": torch.cuda.max_memory_allocated(engine.device) / 2**30}
+
+
+# -- batched serving (llama-batched-bench) ---------------------------------------------------------
+@dataclass
+class BatchedResult:
+    pp: int
+    tg: int
+    b: int
+    t_pp: float
+    t_tg: float
+
+    @property
+    def n_kv(self) -> int:
+        return self.b * (self.pp + self.tg)
+
+    def row(self) -> dict:
+        t = self.t_pp + self.t_tg
+        return {"PP": self.pp, "TG": self.tg, "B": self.b, "N_KV": self.n_kv, "T_PP s": self.t_pp,
+                "S_PP t/s": self.b * self.pp / self.t_pp, "T_TG s": self.t_tg,
+                "S_TG t/s": self.b * self.tg / self.t_tg if self.t_tg else 0.0, "T s": t, "S t/s": self.n_kv / t}
+
+
+def run_batched(be, pp: int, tg: int, b: int, seed: int = 0) -> BatchedResult:
+    """``b`` sequences of ``pp`` random prompt tokens, all prefilled in one step (as
+    llama-batched-bench does), then ``tg`` greedy tokens each, one decode step per token.
+    T_PP ends when every prompt has its first token; T_TG is the decode steps after that."""
+    from .batch_engine import Request
+    from .sampling import SamplerConfig
+
+    engine = be.engine
+    first: set[str] = set()
+    be.sched.step_tokens = max(b * pp, be.sched.segment)
+    reqs = [Request(_random_ids(engine, pp, seed + i), tg + 1, SamplerConfig(temp=0), ignore_eos=True,
+                    on_event=lambda e: first.add(e.request_id)) for i in range(b)]
+    _sync(engine)
+    t0 = time.perf_counter()
+    for r in reqs:
+        be.submit(r)
+    while len(first) < b:
+        be.step()
+    _sync(engine)
+    t1 = time.perf_counter()
+    while be.step():
+        pass
+    _sync(engine)
+    return BatchedResult(pp, tg, b, t1 - t0, time.perf_counter() - t1)
+
+
+def batched_table(rows: list[BatchedResult]) -> str:
+    head = ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
+    out = ["| " + " | ".join(f"{h:>8}" for h in head) + " |", "|" + "|".join("-" * 10 for _ in head) + "|"]
+    for r in rows:
+        d = r.row()
+        out.append("| " + " | ".join(f"{d[h]:>8}" if isinstance(d[h], int) else f"{d[h]:>8.3f}" if h.startswith("T")
+                                      else f"{d[h]:>8.2f}" for h in head) + " |")
+    return "\n".join(out)

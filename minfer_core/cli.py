@@ -9,7 +9,7 @@ import sys
 from . import __version__
 from .errors import UserError
 
-COMMANDS = ("run", "chat", "perplexity", "bench", "parity", "tokenize", "pull", "gates", "plugins", "synth")
+COMMANDS = ("run", "chat", "perplexity", "bench", "parity", "tokenize", "pull", "gates", "plugins", "synth", "serve")
 
 
 def global_options(parser: argparse.ArgumentParser, top: bool) -> None:

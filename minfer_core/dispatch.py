@@ -25,6 +25,7 @@ from .weights import Activation, Candidate, Gate, LoadContext, Weight
 __all__ = ["Plan", "FuseChoice", "BackendError", "build_plan", "make_context", "ranking", "wrap_step",
            "wrap_decode_step", "check_backend", "release_raw", "tensor_class"]
 
+ATTENTION_PHASES = PHASES + ("paged_decode",)  # paged_decode: one query row per entry of a batch
 PRODUCERS = ("rmsnorm", "swiglu")  # fused under fuse mode 1/2: hooks minfer_<kind>_candidates
 PREPASS = "prepass"
 DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
@@ -189,7 +190,7 @@ def choose_producers(ask: _Asker, plan: Plan) -> None:
 
 
 def choose_attention_and_ops(ask: _Asker, plan: Plan) -> None:
-    for phase in PHASES:
+    for phase in ATTENTION_PHASES:
         plan.attention[phase] = ask.pick("minfer_attention_candidates", "attention", f"attention {phase}", phase=phase)
     for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions
         plan.decode_ops[kind] = ask.pick(f"minfer_{kind}_candidates", "decode", f"producer {kind}")

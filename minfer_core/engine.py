@@ -198,8 +198,7 @@ class Engine:
         ``stop`` string (not emitted), ``n_predict`` tokens (-1: until the context is full)."""
         sampler = sampler or Sampler(sampling or SamplerConfig())
         out = Generation()
-        stream = StreamDecoder(self.tok)
-        pending = ""  # text held back while it may be the start of a stop string
+        text = StopStream(self.tok, stop)
         sync = self.device.type == "cuda"
         t0 = time.perf_counter()
         logits = self.prefill(ids)[-1]
@@ -215,17 +214,13 @@ class Engine:
                 break
             out.tokens.append(token)
             history.append(token)
-            pending += stream.push(token)
-            hit = min((pending.find(s) for s in stop if s and s in pending), default=-1)
-            if hit >= 0:
-                pending = pending[:hit]
-                out.stop_reason = "stop"
-            emit, pending = _split_safe(pending, stop) if hit < 0 else (pending, "")
+            emit = text.push(token)
             if emit:
                 out.text += emit
                 if on_text:
                     on_text(emit)
-            if out.stop_reason:
+            if text.stopped:
+                out.stop_reason = "stop"
                 break
             if 0 <= n_predict <= len(out.tokens):
                 out.stop_reason = "length"
@@ -235,15 +230,44 @@ class Engine:
                 break
             logits = self.decode(token)
         out.stop_reason = out.stop_reason or "length"
-        if out.stop_reason != "stop":
-            rest = pending + stream.flush()
-            out.text += rest
-            if on_text and rest:
-                on_text(rest)
+        rest = text.finish()
+        out.text += rest
+        if on_text and rest:
+            on_text(rest)
         if sync:
             torch.cuda.synchronize()
         self.timings.gen_tokens, self.timings.gen_s = len(out.tokens), time.perf_counter() - t1
         return out
+
+
+class StopStream:
+    """Text of a token stream, UTF-8-safe, cut at the first stop string (which is not emitted).
+
+    :meth:`push` returns the text that can be shown now: text that may begin a stop string is
+    held back until the next tokens decide. After a stop string, :attr:`stopped` is set and
+    :meth:`finish` returns nothing; otherwise :meth:`finish` returns what was held back.
+    """
+
+    def __init__(self, tok: Tokenizer, stop: Sequence[str] = ()):
+        self.decoder = StreamDecoder(tok)
+        self.stop = [s for s in stop if s]
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        self.pending += self.decoder.push(token)
+        hit = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1)
+        if hit >= 0:
+            emit, self.pending, self.stopped = self.pending[:hit], "", True
+            return emit
+        emit, self.pending = _split_safe(self.pending, self.stop)
+        return emit
+
+    def finish(self) -> str:
+        if self.stopped:
+            return ""
+        rest, self.pending = self.pending + self.decoder.flush(), ""
+        return rest
 
 
 def _split_safe(text: str, stops: Sequence[str]) -> tuple[str, str]:

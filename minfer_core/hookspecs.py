@@ -130,8 +130,9 @@ def minfer_prefill_rope_kv_candidates(ctx):
     """Offer the prompt's RoPE + KV write:
     ``fn(q, k, v, cos, sin, k_cache, v_cache, start, neox) -> q (T, H, D)`` rotates q ``(T, H, D)``
     and k ``(T, Hkv, D)`` (heads contiguous, rows possibly strided) and writes k and v into cache
-    rows ``start .. start + T - 1``. Ranked by the policy's ``prefill`` order; no gate. The
-    reference backend offers one."""
+    rows ``start .. start + T - 1``; ``start`` may also be a ``(T,)`` int64 device tensor, the
+    cache row of each token (the batched engine's rows), with cos/sin holding each row's. Ranked by
+    the policy's ``prefill`` order; no gate. The reference backend offers one."""
 
 
 @hookspec
@@ -202,5 +203,12 @@ def minfer_attention_candidates(phase, ctx):
     captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32.
     Prefill contract: ``fn(q, k, v, start) -> out`` with ``q`` ``(T, n_heads, head_dim)``,
     ``k``/``v`` ``(start + T, n_kv_heads, head_dim)`` (cached then new), causal, ``out``
-    ``(T, n_heads * head_dim)`` float32. Return a list of Candidates or ``None``.
+    ``(T, n_heads * head_dim)`` float32.
+    ``"paged_decode"`` (the batched engine: one query row per entry, each over its own sequence in
+    a paged pool): ``fn(q, k_pages, v_pages, block_tables, seq_lens) -> out`` with ``q`` ``(N,
+    n_heads, head_dim)``, pages ``(n_blocks, page, n_kv_heads, head_dim)`` of one layer,
+    ``block_tables`` ``(N, max_blocks)`` int32, ``seq_lens`` ``(N,)`` int32 device tensors (never
+    read on the host on a GPU, so a step can be captured) and ``out`` ``(N, n_heads * head_dim)``
+    float32. An entry's result must not depend on the other entries (batch invariance).
+    Return a list of Candidates or ``None`` (a phase the plugin does not know: ``None``).
     """

@@ -9,7 +9,6 @@ Shapes: T tokens, H query heads, Hkv KV heads, D head dim, E embedding width.
 from __future__ import annotations
 
 from collections import Counter
-
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +16,7 @@ from .config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
 from .reference import rmsnorm_rows as rmsnorm
+from .reference import rotate
 from .weights import Activation, Weight
 
 PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
@@ -31,13 +31,22 @@ def rope_tables(cfg: ModelConfig, n_ctx: int, device) -> tuple[torch.Tensor, tor
 
 
 class KVCache:
-    """Per-layer K and V of shape (n_ctx, Hkv, D)."""
+    """Per-layer K and V of shape (rows, Hkv, D): one contiguous cache for a single stream, or the
+    storage of a paged pool (:mod:`minfer_core.kv_pages`), seen per layer as ``(rows //
+    block_size, block_size, Hkv, D)``. A single sequence in blocks 0, 1, 2, ... is the contiguous
+    cache, so the single-stream passes read the first ``n_ctx`` rows of the same storage."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, device, dtype):
-        shape = (cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim)
+    def __init__(self, cfg: ModelConfig, rows: int, device, dtype):
+        shape = (cfg.n_layers, rows, cfg.n_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.n_ctx = n_ctx
+        self.rows = rows
+
+    def pages(self, layer: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer as (n_blocks, block_size, Hkv, D) views."""
+        n = self.rows // block_size
+        k, v = self.k[layer, :n * block_size], self.v[layer, :n * block_size]
+        return k.view(n, block_size, *k.shape[1:]), v.view(n, block_size, *v.shape[1:])
 
 
 class Runtime:
@@ -49,6 +58,7 @@ class Runtime:
         self.counts: Counter[str] = Counter()
         self.attn_prefill = plan.attention["prefill"]
         self.attn_decode = plan.attention["decode"]
+        self.attn_paged = plan.attention.get("paged_decode")  # the batched engine's single rows
         self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
         self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
         self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]
@@ -119,11 +129,19 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, params: ModelParams, rt: Runtime, n_ctx: int, device, kv_dtype):
         self.cfg, self.p, self.rt = cfg, params, rt
         self.device = torch.device(device)
+        self.kv_dtype = kv_dtype
         self.cache = KVCache(cfg, n_ctx, device, kv_dtype)
         self.cos, self.sin = rope_tables(cfg, n_ctx, device)
         self.n_ctx = n_ctx
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
+
+    def resize_cache(self, rows: int) -> None:
+        """Replace the cache by one of ``rows`` rows (a paged pool); the old one is freed first."""
+        self.cache = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.cache = KVCache(self.cfg, rows, self.device, self.kv_dtype)
 
     # -- pieces ----------------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -198,8 +216,14 @@ class Transformer:
             lw = self.p.layers[i]
             q, k, v = self.split_qkv(rt.decode_normed(lw.attn, h, (self.p.attn_norm[i], cfg.rms_eps)))
             q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
-            o = rt._run(rt.attn_decode, q, c.k[i], c.v[i], n_valid)
+            o = rt._run(rt.attn_decode, q, c.k[i, :self.n_ctx], c.v[i, :self.n_ctx], n_valid)
             h = rt.decode_linear(lw.o, o.view(1, -1), residual=h)
             gu = self.join_gate_up(rt.decode_normed(lw.ffn, h, (self.p.ffn_norm[i], cfg.rms_eps)))
             h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
         return self.head(h)
+
+    def forward_batch(self, b, block_size: int, tile: int) -> torch.Tensor:
+        """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
+        from .batch_forward import forward_batch
+
+        return forward_batch(self, b, block_size, tile)

@@ -31,7 +31,7 @@ class Plan:
     prefill: dict[str, Candidate] = field(default_factory=dict)
     decode: dict[str, Candidate] = field(default_factory=dict)
     producers: dict[str, Candidate] = field(default_factory=dict)  # 'rmsnorm', 'swiglu' (mode > 0), 'prepass'
-    attention: dict[str, Candidate] = field(default_factory=dict)  # 'prefill', 'decode'
+    attention: dict[str, Candidate] = field(default_factory=dict)  # 'prefill', 'decode', 'paged_decode'
     decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv'
     prefill_ops: dict[str, Candidate] = field(default_factory=dict)  # 'prefill_rope_kv'
     # -- activations between producers and consumers

@@ -71,6 +71,28 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return torch.einsum("grn,ngd->grd", p, v_cache.float()).reshape(H * D)
 
 
+def attention_paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """One query row per entry over a paged pool: q (N, H, D), pages (n_blocks, PAGE, Hkv, D),
+    block_tables (N, max_blocks), seq_lens (N,) -> (N, H*D) float32.
+
+    Each entry is computed on its own (its K/V gathered through its block table), so its bits do
+    not depend on the other entries. On the CPU only the ``seq_lens`` valid rows are gathered; on
+    the GPU the whole table is gathered and masked on the device (no host read: capturable)."""
+    n, h, d = q.shape
+    page = k_pages.shape[1]
+    kf, vf = k_pages.flatten(0, 1), v_pages.flatten(0, 1)
+    lens = seq_lens.tolist() if not q.is_cuda else None
+    out = torch.empty(n, h * d, dtype=torch.float32, device=q.device)
+    offs = torch.arange(page, device=q.device)
+    for b in range(n):
+        table = block_tables[b] if lens is None else block_tables[b, :-(-lens[b] // page)]
+        rows = (table.long()[:, None] * page + offs).flatten()
+        nv = seq_lens[b] if lens is None else lens[b]
+        out[b] = attention_decode(q[b], kf.index_select(0, rows), vf.index_select(0, rows), nv)
+    return out
+
+
 def rmsnorm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row: x (M, E) f32, w (E,) -> (M, E)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -97,12 +119,18 @@ def rope_kv_write(q, k, v, cos, sin, k_cache, v_cache, pos, neox: bool) -> torch
     return qr
 
 
-def rope_kv_rows(q, k, v, cos, sin, k_cache, v_cache, start: int, neox: bool) -> torch.Tensor:
-    """T tokens at positions ``start ..``: rotate q (T, H, D) and k (T, Hkv, D), write k and v into
-    cache rows ``start .. start + T - 1``; return rotated q (T, H, D)."""
+def rope_kv_rows(q, k, v, cos, sin, k_cache, v_cache, start, neox: bool) -> torch.Tensor:
+    """T tokens: rotate q (T, H, D) and k (T, Hkv, D) by their rows of cos/sin (T, D/2), write k
+    and v into cache rows ``start .. start + T - 1`` (``start`` an int) or ``start[t]`` (a (T,)
+    int64 device tensor: a batch's pool rows); return rotated q (T, H, D)."""
     t = q.shape[0]
-    k_cache[start:start + t] = rotate(k, cos, sin, neox).to(k_cache.dtype)
-    v_cache[start:start + t] = v.to(v_cache.dtype)
+    kr = rotate(k, cos, sin, neox).to(k_cache.dtype)
+    if isinstance(start, torch.Tensor):
+        k_cache.index_copy_(0, start, kr)
+        v_cache.index_copy_(0, start, v.to(v_cache.dtype))
+    else:
+        k_cache[start:start + t] = kr
+        v_cache[start:start + t] = v.to(v_cache.dtype)
     return rotate(q, cos, sin, neox)
 
 
@@ -129,5 +157,5 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 @hookimpl
 def minfer_attention_candidates(phase, ctx):
-    fn = attention_decode if phase == "decode" else attention_prefill
-    return [Candidate(NAME, f"ref.attn.{phase}", fn)]
+    fn = {"decode": attention_decode, "prefill": attention_prefill, "paged_decode": attention_paged_decode}.get(phase)
+    return None if fn is None else [Candidate(NAME, f"ref.attn.{phase}", fn)]

@@ -10,5 +10,5 @@ pip_q() { python -m pip install -q --disable-pip-version-check "$@"; }
 if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then pip_q "torch>=2.11"; else pip_q "torch==2.13.0"; fi
 fi
-pip_q -e ".[test,triton]" -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs \
+pip_q -e ".[test,triton,serve]" -e plugins/mmq_triton -e plugins/f16_wmma -e plugins/cuda_graphs \
   -e examples/minfer-example-plugin

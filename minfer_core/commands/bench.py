@@ -39,6 +39,9 @@ def add_parser(sub):
     p.add_argument("--gates", action="store_true",
                    help="A/B sweep: the default, then each declared gate (group gate) at \"0\", then each other mode of a mode gate")
     p.add_argument("--memory", action="store_true", help="add GPU memory after load and at peak (GiB)")
+    p.add_argument("--batch", metavar="B,..",
+                   help="batched serving instead (llama-batched-bench's table): for each B, B sequences of -p "
+                        "prompt tokens prefilled together, then -n tokens each decoded together")
     return p
 
 
@@ -55,6 +58,8 @@ def run(args) -> int:
     tests = [("pp", n) for n in _ints(args.n_prompt) if n > 0] + [("tg", n) for n in _ints(args.n_gen) if n > 0]
     if not tests:
         raise UserError("nothing to run: give -p or -n")
+    if args.batch:
+        return _run_batched(args, tests)
     gates = declared_gates(get_plugin_manager(blocked=blocked_plugins(args))) if args.gates else {}
     specs = list(args.config) + list(sweep(gates) if args.gates else [])
     configs = [parse_config(s) for s in (specs or ["default"])]
@@ -129,3 +134,43 @@ def _markdown(rows: list[dict], memory: bool) -> None:
     if rows:
         print(f"\npolicy: fuse mode {rows[0]['fuse_mode']} (first config); prefill kernels: "
               + "; ".join(f"{r['config']}: {','.join(r['prefill_kernels'])}" for r in rows if r["test"].startswith("pp"))[:2000])
+
+
+def _run_batched(args, tests) -> int:
+    from ..batch_engine import BatchEngine
+    from ..bench import batched_table, run_batched
+    from ..configs import load_under, parse_config
+    from ..fetch import resolve_model
+
+    batches = [b for b in _ints(args.batch) if b > 0]
+    pps = [n for k, n in tests if k == "pp"] or [0]
+    tgs = [n for k, n in tests if k == "tg"] or [0]
+    if not batches or 0 in pps or 0 in tgs:
+        raise UserError("--batch needs batch sizes and both -p and -n")
+    path = resolve_model(args.model)
+    n_ctx = max(pps) + max(tgs) + 16
+    results = []
+    for cfg in [parse_config(s) for s in (args.config or ["default"])]:
+        engine = load_under(cfg, path, args, n_ctx)
+        per_seq = -(-engine.model.n_ctx // 16)
+        be = BatchEngine(engine, parallel=max(batches), max_queue=max(batches), n_blocks=max(batches) * per_seq)
+        run_batched(be, min(pps), min(tgs), 1, seed=12345)  # warm-up: compilation
+        for pp in pps:
+            for tg in tgs:
+                for b in batches:
+                    res = run_batched(be, pp, tg, b)
+                    results.append((cfg.label, res))
+                    log(f"bench: {cfg.label}: pp {pp} tg {tg} B {b}: S_PP {res.row()['S_PP t/s']:.1f} t/s, "
+                        f"S_TG {res.row()['S_TG t/s']:.1f} t/s")
+        del be, engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if args.output == "json":
+        json.dump([dict(r.row(), config=label) for label, r in results], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for label in dict.fromkeys(lbl for lbl, _ in results):
+            if len(args.config) > 1:
+                print(f"\nconfig: {label}")
+            print(batched_table([r for lbl, r in results if lbl == label]))
+    return 0

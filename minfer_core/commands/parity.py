@@ -25,6 +25,9 @@ def add_parser(sub):
                    help="'default' or KEY=VALUE[,..] (MINFER_* env, backend=NAME, plugin=no:NAME); repeatable; "
                         "the first is the baseline (default: default vs all gates explicitly on)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--batch", type=int, metavar="N",
+                   help="batched mode instead: the prompt's greedy stream alone vs among N-1 other requests "
+                        "(staggered, different lengths) in the batched engine, and vs the single-stream engine")
     return p
 
 
@@ -59,6 +62,8 @@ def run(args) -> int:
     from ..configs import load_under, parse_config
     from ..fetch import resolve_model
 
+    if args.batch is not None:
+        return _run_batched(args)
     specs = args.config or ["default", all_on()]
     if len(specs) < 2:
         raise UserError("parity needs at least two configurations")
@@ -97,3 +102,53 @@ def run(args) -> int:
             print(f"{r['config']}: {status}; prompt logits max|d| {r['max_abs_logit_diff']:.4g}, rel {r['rel_logit_diff']:.3g}")
         print(f"baseline ({base_spec}) text: {report[0]['text']!r}")
     return 0 if same_all else 1
+
+
+def _run_batched(args) -> int:
+    from ..batch_engine import BatchEngine, Request
+    from ..configs import load_under, parse_config
+    from ..fetch import resolve_model
+    from ..sampling import SamplerConfig
+
+    if args.batch < 1:
+        raise UserError("--batch must be at least 1")
+    if len(args.config) > 1:
+        raise UserError("parity --batch takes at most one --config")
+    path = resolve_model(args.model)
+    engine = load_under(parse_config((args.config or ["default"])[0]), path, args, n_ctx=args.n_predict + 512)
+    ids = engine.tok.encode(args.prompt, add_special=True, parse_special=True)
+    single, _, _ = greedy_stream(engine, args.prompt, args.n_predict)
+    per_seq = -(-engine.model.n_ctx // 16)
+    be = BatchEngine(engine, parallel=args.batch, max_queue=args.batch, n_blocks=args.batch * per_seq)
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, list[int]] = {}
+
+    def request(prompt_ids, n):
+        r = Request(prompt_ids, n, SamplerConfig(temp=0), ignore_eos=True)
+        out[r.id] = []
+        r.on_event = lambda e: out[e.request_id].extend(e.token_ids)
+        return r
+
+    def run(reqs_at: dict[int, list]) -> None:
+        step = 0
+        while be.step() or step <= max(reqs_at):
+            for r in reqs_at.get(step, []):
+                be.submit(r)
+            step += 1
+
+    target = request(ids, args.n_predict)
+    run({0: [target]})
+    alone = out[target.id]
+    others = [request(torch.randint(0, engine.cfg.vocab_size, (int(n),), generator=g).tolist(), args.n_predict)
+              for n in torch.randint(4, 400, (args.batch - 1,), generator=g)]
+    among_req = request(ids, args.n_predict)
+    half = len(others) // 2
+    run({0: others[:half], 3: [among_req] + others[half:]})
+    among = out[among_req.id]
+    rows = [("alone vs among %d others" % (args.batch - 1), alone, among),
+            ("batched alone vs single-stream engine", single, alone)]
+    for label, a, b in rows:
+        d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        print(f"{label}: " + ("identical" if a == b else f"DIFFERENT from token {d}"))
+    print(f"text: {engine.tok.decode(alone)!r}")
+    return 0 if alone == among else 1

@@ -198,3 +198,25 @@ def test_prefill_rope_kv_rows_match_the_reference(neox):
     assert torch.equal(caches[2], caches[0]) or torch.allclose(caches[2].float(), caches[0].float(), atol=1e-3)
     assert torch.equal(caches[3], caches[1])
     assert caches[2][:start].abs().sum() == 0 and caches[2][start + t:].abs().sum() == 0
+
+
+def test_rope_kv_rows_at_scattered_pool_rows():
+    """Per-token cache rows (a batch's pool slots, in no order): rotated k and v land in exactly
+    those rows, as the reference's torch version puts them; every other row stays untouched."""
+    from minfer_core.reference import rope_kv_rows as ref_rows
+    from minfer_mmq_triton.decode_fused import rope_kv_rows
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(5)
+    t, h, hkv, d, n_rows = 4, 4, 2, 16, 20
+    q, k, v = (torch.randn(t, n, d, generator=g).to(dev) for n in (h, hkv, hkv))
+    ang = torch.rand(t, d // 2, generator=g) * 6
+    cos, sin = ang.cos().to(dev), ang.sin().to(dev)
+    rows = torch.tensor([17, 2, 9, 3], device=dev)
+    caches = [torch.zeros(n_rows, hkv, d, dtype=torch.float16, device=dev) for _ in range(4)]
+    want = ref_rows(q, k, v, cos, sin, caches[0], caches[1], rows, True)
+    got = rope_kv_rows(q, k, v, cos, sin, caches[2], caches[3], rows, True)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(caches[2].float(), caches[0].float(), atol=1e-3) and torch.equal(caches[3], caches[1])
+    others = [r for r in range(n_rows) if r not in rows.tolist()]
+    assert not caches[2][others].any() and not caches[3][others].any() and caches[3][rows].any()

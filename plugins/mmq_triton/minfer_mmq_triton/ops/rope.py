@@ -107,32 +107,36 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
 
 
 def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, neox: bool) -> torch.Tensor:
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, start, neox: bool) -> torch.Tensor:
     """The prefill's RoPE and KV-cache write for T tokens at positions ``start ..``, in one launch.
 
     q (T, n_heads, D), k and v (T, n_kv, D) float32 whose heads are contiguous (rows may be
     strided: views of a fused qkv output are fine); cos, sin (T, D/2) float32; caches
     (n_ctx, n_kv, D) float16. Writes rotated k and v into cache rows ``start .. start + T - 1``
-    and returns rotated q as a new float32 (T, n_heads, D).
+    and returns rotated q as a new float32 (T, n_heads, D). ``start`` may instead be a (T,) int64
+    device tensor, the cache row of each token (a batch's pool rows; read only in the kernel).
     """
+    rows = start if isinstance(start, torch.Tensor) else None
     t, n_heads, d = q.shape
     n_kv = k.shape[1]
     if d & (d - 1) or cos.shape != (t, d // 2) or sin.shape != (t, d // 2):
         raise ValueError(f"rope_kv_rows: head size {d} must be a power of two and cos/sin (T, D/2)")
     if k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16 or k_cache.stride(2) != 1 \
-            or v_cache.stride(2) != 1 or start + t > k_cache.shape[0]:
+            or v_cache.stride(2) != 1 or (rows is None and start + t > k_cache.shape[0]):
         raise ValueError("rope_kv_rows: caches must be float16 (n_ctx, n_kv, D) holding rows start .. start+T-1")
     for name, x, heads in (("q", q, n_heads), ("k", k, n_kv), ("v", v, n_kv)):
         if x.dtype != torch.float32 or x.shape[1:] != (heads, d) or x.stride(2) != 1 or x.stride(1) != d:
             raise ValueError(f"rope_kv_rows: {name} must be float32 (T, heads, D) with contiguous heads")
+    if rows is not None and (rows.shape != (t,) or rows.dtype != torch.int64):
+        raise ValueError("rope_kv_rows: per-token rows must be a (T,) int64 tensor")
     cos, sin = cos.contiguous(), sin.contiguous()
     q_out = torch.empty(t, n_heads, d, dtype=torch.float32, device=q.device)
     _rope_kv_kernel[(n_heads + n_kv, t)](
-        q, k, v, cos, sin, k_cache, v_cache, q_out, q_out,
-        n_heads, start,
+        q, k, v, cos, sin, k_cache, v_cache, q_out if rows is None else rows.contiguous(), q_out,
+        n_heads, 0 if rows is not None else start,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), POS_PTR=False, num_warps=1 if d <= 64 else 2, PDL=False,
+        D=d, NEOX=bool(neox), POS_PTR=rows is not None, num_warps=1 if d <= 64 else 2, PDL=False,
     )
     return q_out
 

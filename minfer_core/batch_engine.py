@@ -1,0 +1,317 @@
+"""Serving many requests at once: a paged KV pool, a continuous-batching scheduler, and the
+batched forward, behind a thread-safe submit / cancel / step interface.
+
+One thread runs :meth:`BatchEngine.run_forever` (or calls :meth:`step`); any thread may call
+:meth:`submit`, :meth:`cancel` and :meth:`stats`. Each accepted request gets its events in order
+through ``on_event`` (called from the engine thread), the last one with ``finished=True``.
+A request's greedy tokens do not depend on what else runs (see :meth:`Transformer.forward_batch`
+and :mod:`minfer_core.scheduler`); sampled tokens come from the request's own seeded generator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence as Seq
+
+import torch
+
+from .batch_forward import decode_rows
+from .batch_graphs import DecodeGraphs
+from .batch_inputs import StepPacker
+from .engine import Engine, StopStream, log
+from .errors import UserError
+from .kv_pages import BlockPool
+from .sampling import Sampler, SamplerConfig
+from .scheduler import Scheduler, Sequence, Work
+
+_ids = itertools.count()
+
+
+class QueueFull(Exception):
+    """The request queue is full (or the engine is draining): retry later (HTTP 503)."""
+
+
+@dataclass
+class Event:
+    """New output of one request; exactly one event per accepted request has ``finished=True``."""
+
+    request_id: str
+    text: str  # new text since the last event ('' allowed)
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: Optional[str] = None  # "stop" | "length" | "eog" | "context" | "cancelled" | "error"
+    error: Optional[str] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int = -1  # -1: until the context is full
+    sampling: SamplerConfig = field(default_factory=SamplerConfig)
+    stop: Seq[str] = ()  # stop strings (not emitted)
+    ignore_eos: bool = False
+    on_event: Optional[Callable[[Event], None]] = None  # called from the engine thread
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+
+
+class _Live:
+    """What the engine keeps per request: its sampler, its text stream, its output so far."""
+
+    def __init__(self, req: Request, tok):
+        self.req = req
+        self.sampler = Sampler(req.sampling)
+        self.greedy = req.sampling.greedy and req.sampling.repeat_penalty == 1.0  # plain argmax
+        self.text = StopStream(tok, req.stop)
+        self.out: list[int] = []
+
+
+class BatchEngine:
+    def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
+                 segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
+                 graphs: Optional[bool] = None):
+        self.engine, self.model = engine, engine.model
+        self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
+        self.block_size, self.max_queue = block_size, max_queue
+        self.row_tile = row_tile or (64 if self.model.device.type == "cuda" else 16)
+        if self.model.rt.attn_paged is None:
+            raise UserError("the plan has no paged_decode attention: the batched engine needs one")
+        # one block past the pool's: the scratch block that padding entries write and read
+        self.model.resize_cache((n_blocks + 1) * block_size)
+        self.packer = StepPacker(block_size, scratch=n_blocks, max_blocks=-(-self.n_ctx // block_size))
+        if graphs is None:  # on where the single stream's steps are graphed (off: -p no:cuda_graphs)
+            graphs = self.model.device.type == "cuda" and "cuda_graphs" in engine.plan.decode_step_order
+        self.graphs = DecodeGraphs(self._decode_step, torch.from_numpy(self.packer.padding), self.model.device) \
+            if graphs and self.model.device.type == "cuda" else None
+        self.pool = BlockPool(n_blocks, block_size)
+        self.sched = Scheduler(self.pool, parallel=parallel, segment=segment, step_tokens=step_tokens)
+        self._lock = threading.Lock()  # guards _incoming, _cancels, _draining and the counters
+        self._step_lock = threading.Lock()  # one step at a time
+        self._wake = threading.Event()
+        self._incoming: list[Sequence] = []
+        self._cancels: set[str] = set()
+        self._draining = False
+        self._order = itertools.count()
+        self._n_waiting = 0
+        self.tokens_generated_total = 0
+        self.prompt_tokens_total = 0
+
+    @classmethod
+    def load(cls, path, *, n_ctx: int, parallel: int, max_queue: int, gpu_memory: Optional[float] = None,
+             block_size: int = 16, kv_blocks: Optional[int] = None, segment: int = 64, step_tokens: int = 512,
+             row_tile: Optional[int] = None, graphs: Optional[bool] = None,
+             **engine_load_kwargs) -> "BatchEngine":
+        """Load the model and size the KV pool: ``kv_blocks`` blocks, else on a GPU what fits in
+        ``gpu_memory`` (a fraction of the device's memory when <= 1, else GiB; default 0.9) after
+        the weights, at most enough for ``parallel`` full contexts; on the CPU ``parallel`` full
+        contexts.
+
+        ``row_tile`` (default 64 on a GPU, 16 on the CPU): every row-wise op of a step runs over
+        tiles of this many rows, padded, which is what makes a request's bits independent of the
+        batch. It is fixed for the engine's life. Larger tiles read each weight fewer times in big
+        steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
+        on small steps (B=8 computes 64 rows at the default). ``graphs``: decode-only steps as
+        CUDA graphs per bucket of 1..256 sequences (default: on a GPU unless the cuda_graphs
+        plugin is off)."""
+        if parallel < 1 or max_queue < 0:
+            raise UserError("--parallel must be at least 1 and the queue size at least 0")
+        engine = Engine.load(path, n_ctx=n_ctx, **engine_load_kwargs)
+        per_ctx = -(-engine.model.n_ctx // block_size)
+        if kv_blocks is None:
+            kv_blocks = parallel * per_ctx
+            if engine.device.type == "cuda":
+                kv_blocks = min(kv_blocks, _blocks_in_memory(engine, gpu_memory, block_size, step_tokens))
+        if kv_blocks < per_ctx:
+            raise UserError(f"the KV pool holds {kv_blocks * block_size} tokens, less than one context of "
+                            f"{engine.model.n_ctx}: lower -c or raise --gpu-memory")
+        return cls(engine, parallel=parallel, max_queue=max_queue, n_blocks=kv_blocks, block_size=block_size,
+                   segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs)
+
+    # -- the server's side ---------------------------------------------------------------------
+    def submit(self, req: Request) -> str:
+        """Queue a request; its id. Raises QueueFull, or UserError for a prompt that cannot run."""
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise UserError("the prompt is empty")
+        if n >= self.n_ctx:
+            raise UserError(f"the prompt is {n} tokens, the context is {self.n_ctx}: shorten it or raise -c")
+        seq = Sequence(req.id, list(req.prompt_ids), n, order=next(self._order), data=_Live(req, self.tok))
+        with self._lock:
+            if self._draining:
+                raise QueueFull("the server is shutting down")
+            if self._n_waiting + len(self._incoming) >= self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
+            self._incoming.append(seq)
+        self._wake.set()
+        return req.id
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request; its blocks are freed by the next step at the latest."""
+        with self._lock:
+            self._cancels.add(request_id)
+        self._wake.set()
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"queue_depth": self._n_waiting + len(self._incoming), "running": len(self.sched.running),
+                    "kv_blocks_used": self.pool.n_used, "kv_blocks_free": self.pool.n_free,
+                    "kv_blocks_total": self.pool.n_blocks, "tokens_generated_total": self.tokens_generated_total,
+                    "prompt_tokens_total": self.prompt_tokens_total, "preemptions": self.sched.preemptions,
+                    "prefix_cache_hit_blocks": self.pool.hits}
+
+    def memory_plan(self) -> str:
+        """Weights (on a GPU: everything allocated besides the pool, planes included), the pool, and
+        how many sequences of what length it holds."""
+        m = self.model
+        kv = m.cache.k.numel() * m.cache.k.element_size() * 2
+        if m.device.type == "cuda":
+            weights, what = torch.cuda.memory_allocated(m.device) - kv, "allocated besides the KV pool"
+        else:
+            weights = sum(w.raw.numel() * w.raw.element_size() for w in m.rt.weights.values() if w.raw is not None)
+            what = "GGUF blocks"
+        toks = self.pool.n_blocks * self.block_size
+        return (f"weights {weights / 2**30:.2f} GiB ({what}) | KV pool {kv / 2**30:.2f} GiB: "
+                f"{self.pool.n_blocks} blocks of {self.block_size} tokens = {toks} tokens | fits "
+                f"{toks // self.n_ctx} sequences of {self.n_ctx} tokens or {toks // 1024} of 1024 "
+                f"(--parallel {self.sched.parallel})")
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        while not stop_event.is_set():
+            if not self.step():
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def drain(self, deadline_s: float) -> None:
+        """Stop admitting; run what was accepted until ``deadline_s`` seconds from now, then end the
+        rest with finish_reason "cancelled"."""
+        with self._lock:
+            self._draining = True
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end and self.step():
+            pass
+        with self._step_lock:
+            with self._lock:
+                left = self._incoming + list(self.sched.running) + list(self.sched.waiting)
+                self._incoming = []
+            for seq in left:
+                self._finish(seq, "cancelled", error="the server is shutting down")
+
+    # -- the engine thread -----------------------------------------------------------------------
+    def step(self) -> bool:
+        """One scheduler iteration; False when there was nothing to do."""
+        with self._step_lock:
+            with self._lock:
+                incoming, self._incoming = self._incoming, []
+                cancels, self._cancels = self._cancels, set()
+            for seq in incoming:
+                self.sched.add(seq)
+            for rid in cancels:
+                seq = self.sched.find(rid)
+                if seq is not None:
+                    self._finish(seq, "cancelled")
+            work = self.sched.schedule()
+            if work:
+                self._run(work)
+            with self._lock:
+                self._n_waiting = len(self.sched.waiting)
+            return bool(work) or bool(incoming) or bool(cancels)
+
+    def _run(self, work: list[Work]) -> None:
+        try:
+            dev = self.model.device
+            if all(w.end - w.start == 1 for w in work):  # decode-only: one row per sequence
+                inputs = torch.from_numpy(self.packer.decode_only(work)).to(dev)
+                logits = (self.graphs or self._decode_step)(inputs)
+                sampled = [i for i, w in enumerate(work) if w.end == len(w.seq.tokens)]
+                logits = logits[:len(sampled)] if sampled == list(range(len(sampled))) else \
+                    logits.index_select(0, torch.tensor(sampled, device=dev))
+            else:
+                batch, sampled = self.packer.mixed(work, dev)
+                logits = self.model.forward_batch(batch, self.block_size, self.row_tile)
+            tokens = self._pick([work[i].seq for i in sampled], logits)
+        except Exception as e:  # the step failed: end its requests, keep serving the others
+            if self.engine.ctx.trace:
+                traceback.print_exc()
+            for w in work:
+                self._finish(w.seq, "error", error=f"{type(e).__name__}: {e}")
+            return
+        for w in work:
+            self.sched.advance(w)
+        for i, token in zip(sampled, tokens):
+            self._accept(work[i].seq, token)
+
+    def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
+        return decode_rows(self.model, inputs, self.block_size, self.row_tile)
+
+    def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """The next token of each sequence from its row of ``logits``: one argmax over every
+        plain-greedy request, the others' rows brought to the host at once for their own
+        samplers; one wait per step."""
+        greedy = [i for i, s in enumerate(seqs) if s.data.greedy]
+        other = [i for i, s in enumerate(seqs) if not s.data.greedy]
+        out = [0] * len(seqs)
+        if greedy:
+            sel = logits if len(greedy) == len(seqs) else logits[greedy]
+            picked = sel.argmax(dim=-1)
+        if other:
+            host = logits[other].float().cpu()
+            for j, i in enumerate(other):
+                out[i] = seqs[i].data.sampler(host[j], seqs[i].tokens)
+        if greedy:
+            for i, t in zip(greedy, picked.tolist()):
+                out[i] = t
+        return out
+
+    def _accept(self, seq: Sequence, token: int) -> None:
+        live: _Live = seq.data
+        req = live.req
+        if len(seq.tokens) == seq.n_prompt and not live.out:
+            with self._lock:
+                self.prompt_tokens_total += seq.n_prompt
+        if token in self.tok.eog_ids and not req.ignore_eos:
+            return self._finish(seq, "eog")
+        seq.tokens.append(token)
+        live.out.append(token)
+        with self._lock:
+            self.tokens_generated_total += 1
+        text = live.text.push(token)
+        reason = ("stop" if live.text.stopped else "length" if 0 <= req.max_tokens <= len(live.out)
+                  else "context" if len(seq.tokens) >= self.n_ctx else None)
+        if reason:
+            return self._finish(seq, reason, text=text, token_ids=[token])
+        self._emit(seq, Event(req.id, text, [token]))
+
+    def _finish(self, seq: Sequence, reason: str, text: str = "", token_ids: Seq[int] = (),
+                error: Optional[str] = None) -> None:
+        self.sched.remove(seq)
+        self.packer.forget(seq)
+        live: _Live = seq.data
+        if reason not in ("cancelled", "error"):
+            text += live.text.finish()
+        self._emit(seq, Event(live.req.id, text, list(token_ids), True, reason, error))
+
+    def _emit(self, seq: Sequence, ev: Event) -> None:
+        live: _Live = seq.data
+        ev.prompt_tokens, ev.completion_tokens = seq.n_prompt, len(live.out)
+        if live.req.on_event is None:
+            return
+        try:
+            live.req.on_event(ev)
+        except Exception as e:  # a broken consumer must not stop the engine
+            log(f"minfer: on_event of {live.req.id} raised {type(e).__name__}: {e}")
+
+
+def _blocks_in_memory(engine: Engine, gpu_memory: Optional[float], block_size: int, step_tokens: int) -> int:
+    """KV blocks that fit in the GPU memory left after the weights and a reserve for activations."""
+    cfg, dev = engine.cfg, engine.device
+    total = torch.cuda.get_device_properties(dev).total_memory
+    frac = 0.9 if gpu_memory is None else gpu_memory
+    budget = frac * total if frac <= 1 else frac * 2**30
+    reserve = max(2**30, 24 * step_tokens * (2 * cfg.n_ff + 4 * cfg.n_embd))
+    per_block = 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * engine.model.kv_dtype.itemsize
+    return max(0, int((budget - torch.cuda.memory_allocated(dev) - reserve) // per_block))

@@ -1,0 +1,123 @@
+"""The batched forward over the paged KV pool (the batched engine's step).
+
+A step holds rows of any mix of sequences: prompt segments (several rows attending together) and
+single rows (a decode token, or a generated token recomputed after preemption). Every row-wise op
+(embedding, norms, linears, the output head) runs over fixed tiles of ``tile`` rows (padded), so a
+row never shares a matmul shape with a different number of rows. RoPE and the K/V write run in
+one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
+into one call per layer of the plan's ``paged_decode`` attention, whose entries are independent;
+each prompt segment is one ``prefill`` attention call over its sequence's gathered blocks. A
+row's result is then the same bits whatever else the batch holds (batch invariance).
+
+:func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, for
+CUDA graphs (:mod:`minfer_core.batch_graphs`); it is :func:`forward_batch` on such a batch.
+Shapes: T rows, H query heads, Hkv KV heads, D head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .reference import rmsnorm_rows as rmsnorm
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # entry counts of the paged attention (and of graphs)
+
+
+def bucket(n: int) -> int:
+    """The smallest bucket holding ``n`` entries (past the last: a multiple of it)."""
+    top = BUCKETS[-1]
+    return next((b for b in BUCKETS if b >= n), -(-n // top) * top)
+
+
+@dataclass
+class SeqAttention:
+    """One sequence's multi-row attention calls: its block table (blocks,) int64 on the device,
+    and each call as (first row, end row, first position); a call's rows see every key up to
+    themselves."""
+
+    block_table: torch.Tensor
+    calls: list[tuple[int, int, int]]
+
+
+@dataclass
+class Batch:
+    """The rows of one batched step.
+
+    tokens, positions, slots (T,) int64 on the device: each row's token, its position in its
+    sequence and the pool row its K/V go to. seqs: the multi-row attention calls. The single
+    rows, padded to ``bucket(n_single)`` entries: single_rows (E,) int64 (a row of this batch,
+    any row for padding), tables (E, max_blocks) int32 (padding: the scratch block), lens (E,)
+    int32 (position + 1; padding 1); ``n_single`` of them are real. logit_rows (L,) int64: the
+    rows whose logits are wanted, in order.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    seqs: list[SeqAttention]
+    logit_rows: torch.Tensor
+    single_rows: torch.Tensor
+    tables: torch.Tensor
+    lens: torch.Tensor
+    n_single: int
+
+
+def row_tiles(n: int, tile: int) -> list[slice]:
+    return [slice(r, r + tile) for r in range(0, n, tile)]
+
+
+def forward_batch(model, b: Batch, block_size: int, tile: int) -> torch.Tensor:
+    """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
+    cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``."""
+    cfg, rt, p = model.cfg, model.rt, model.p
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    T = b.tokens.shape[0]
+    Tp = -(-T // tile) * tile
+    tiles = row_tiles(Tp, tile)
+    tokens = F.pad(b.tokens, (0, Tp - T))
+    cos, sin = model.cos[b.positions], model.sin[b.positions]
+    neox = cfg.rope_style == "neox"
+    all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
+    h = torch.cat([model.embed(tokens[t]) for t in tiles])
+    for i in range(cfg.n_layers):
+        qkv = [model.qkv(i, rt.rmsnorm(h[t], p.attn_norm[i], cfg.rms_eps)) for t in tiles]
+        q, k, v = (torch.cat([x[j] for x in qkv])[:T] for j in range(3))
+        q = rt._run(rt.pre_rope_kv, q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D),
+                    cos, sin, model.cache.k[i], model.cache.v[i], b.slots, neox)
+        kp, vp = model.cache.pages(i, block_size)
+        o = torch.zeros(Tp, H * D, device=h.device, dtype=torch.float32)
+        if b.n_single:
+            qs = q if all_single else q.index_select(0, b.single_rows)
+            out = rt._run(rt.attn_paged, qs, kp, vp, b.tables, b.lens)
+            if all_single:
+                o[:T] = out
+            else:
+                o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single])
+        for s in b.seqs:
+            ks = kp.index_select(0, s.block_table).flatten(0, 1)
+            vs = vp.index_select(0, s.block_table).flatten(0, 1)
+            for r0, r1, p0 in s.calls:
+                o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:p0 + r1 - r0], vs[:p0 + r1 - r0], p0)
+        for t in tiles:
+            h[t] = h[t] + rt.linear(p.layers[i].o, rt.produce(o[t]))
+            h[t] = h[t] + model.ffn(i, rt.rmsnorm(h[t], p.ffn_norm[i], cfg.rms_eps))
+    L = b.logit_rows.shape[0]
+    if L == 0:
+        return h.new_zeros(0, cfg.vocab_size)
+    last = F.pad(h.index_select(0, b.logit_rows), (0, 0, 0, -(-L // tile) * tile - L))
+    out = [rt.linear("output", rmsnorm(last[t], p.out_norm, cfg.rms_eps)) for t in row_tiles(last.shape[0], tile)]
+    return torch.cat(out)[:L]
+
+
+def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int) -> torch.Tensor:
+    """A decode-only step from one packed int64 device tensor ``inputs`` (E, 4 + max_blocks):
+    per entry its token, position, slot, seq_len and block table (E a bucket; padding entries
+    point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""
+    e = inputs.shape[0]
+    rows = torch.arange(e, device=inputs.device)
+    b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], rows, rows,
+              inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
+    return forward_batch(model, b, block_size, tile)

@@ -1,0 +1,93 @@
+"""The host side of a batched step: a scheduler's work packed into device inputs in one copy.
+
+Block tables are rows of a fixed width (``max_blocks``, enough for a whole context), padded with
+the scratch block (one block past the pool's, never handed out), so no shape depends on the
+batch. Each sequence's row is kept between steps and only its new blocks are written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .batch_forward import Batch, SeqAttention, bucket
+from .scheduler import Sequence, Work
+
+
+class StepPacker:
+    def __init__(self, block_size: int, scratch: int, max_blocks: int):
+        self.block_size, self.scratch, self.max_blocks = block_size, scratch, max_blocks
+        # one padding entry of a decode-only step: token 0 at position 0 in the scratch block
+        self.padding = np.array([0, 0, scratch * block_size, 1] + [scratch] * max_blocks, dtype=np.int64)
+        self._tables: dict[str, tuple[list, int, np.ndarray]] = {}  # seq id -> (block list, blocks written, row)
+
+    def table(self, seq: Sequence) -> np.ndarray:
+        """The sequence's block table as a (max_blocks,) row padded with the scratch block."""
+        blocks, n, row = self._tables.get(seq.id, (None, 0, None))
+        if blocks is not seq.blocks or n > len(seq.blocks):  # a new list: preempted or readmitted
+            blocks, n, row = seq.blocks, 0, np.full(self.max_blocks, self.scratch, dtype=np.int64)
+        if n < len(seq.blocks):
+            row[n:len(seq.blocks)] = seq.blocks[n:]
+        self._tables[seq.id] = (blocks, len(seq.blocks), row)
+        return row
+
+    def forget(self, seq: Sequence) -> None:
+        self._tables.pop(seq.id, None)
+
+    def slot(self, seq: Sequence, pos: int) -> int:
+        return seq.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def decode_only(self, work: list[Work]) -> np.ndarray:
+        """A step whose every sequence has one row: (bucket(n), 4 + max_blocks) int64, row i for
+        work i (token, position, slot, seq_len, block table), then padding entries."""
+        n = len(work)
+        packed = np.empty((bucket(n), self.padding.shape[0]), dtype=np.int64)
+        packed[n:] = self.padding
+        pos = [w.start for w in work]
+        packed[:n, 0] = [w.seq.tokens[p] for w, p in zip(work, pos)]
+        packed[:n, 1] = pos
+        packed[:n, 2] = [self.slot(w.seq, p) for w, p in zip(work, pos)]
+        packed[:n, 3] = [p + 1 for p in pos]
+        packed[:n, 4:] = np.stack([self.table(w.seq) for w in work])
+        return packed
+
+    def mixed(self, work: list[Work], device) -> tuple[Batch, list[int]]:
+        """Any step: every row, each sequence's multi-row calls, and the single rows as paged
+        attention entries padded to a bucket; the indices of the works whose logits are wanted."""
+        bs = self.block_size
+        tokens, positions, slots, calls, singles, logit_rows, sampled = [], [], [], [], [], [], []
+        for k, w in enumerate(work):
+            seq, r0 = w.seq, len(tokens)
+            tokens += seq.tokens[w.start:w.end]
+            positions += range(w.start, w.end)
+            slots += [self.slot(seq, p) for p in range(w.start, w.end)]
+            multi = []
+            for a, b in w.calls:
+                if b - a == 1:
+                    singles.append((r0 + a - w.start, a + 1, seq))
+                else:
+                    multi.append((r0 + a - w.start, r0 + b - w.start, a))
+            if multi:
+                calls.append((seq.blocks[:-(-w.end // bs)], multi))
+            if w.end == len(seq.tokens):
+                logit_rows.append(len(tokens) - 1)
+                sampled.append(k)
+        n = len(singles)
+        e = bucket(n) if n else 0
+        tables = np.full((e, self.max_blocks), self.scratch, dtype=np.int64)
+        for i, (_, _, seq) in enumerate(singles):
+            tables[i] = self.table(seq)
+        single_rows = [r for r, _, _ in singles] + [0] * (e - n)
+        lens = [ln for _, ln, _ in singles] + [1] * (e - n)
+        seq_blocks = [b for blocks, _ in calls for b in blocks]
+        flat = np.concatenate([np.array(tokens + positions + slots + logit_rows + single_rows + lens + seq_blocks,
+                                        dtype=np.int64), tables.reshape(-1)])
+        parts = torch.from_numpy(flat).to(device).split(
+            [len(tokens)] * 3 + [len(logit_rows), e, e, len(seq_blocks), tables.size])
+        seqs, at = [], 0
+        for blocks, multi in calls:
+            seqs.append(SeqAttention(parts[6][at:at + len(blocks)], multi))
+            at += len(blocks)
+        batch = Batch(parts[0], parts[1], parts[2], seqs, parts[3], parts[4],
+                      parts[7].view(e, self.max_blocks).to(torch.int32), parts[5].to(torch.int32), n)
+        return batch, sampled

@@ -1,0 +1,252 @@
+"""FastAPI routes of ``minfer serve``: OpenAI's completions, chat completions and models, plus
+``/health`` and ``/metrics``.
+
+The server serves one model and accepts any ``model`` name in a request (clients written for
+OpenAI send their own); responses carry the served id, which ``/v1/models`` lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2.exceptions import TemplateError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..chat import render_chat
+from . import protocol as P
+from .metrics import Metrics
+from .runner import EngineRunner, Event, QueueFull, Request, Stream, UserError
+
+log = logging.getLogger("minfer.serve")
+DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
+
+
+def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = None) -> FastAPI:
+    """The ASGI app. Starting it (lifespan) starts the engine thread; stopping it stops the thread
+    and ends every open request with an error."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        runner.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            runner.stop()
+
+    app = FastAPI(title="minfer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runner, app.state.model_id = runner, model_id
+    metrics = app.state.metrics = Metrics(runner)
+    tok = runner.engine.tok
+
+    # -- errors --------------------------------------------------------------------------------
+    def error_response(e: P.APIError) -> JSONResponse:
+        metrics.rejected.labels(str(e.status)).inc()
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(P.APIError)
+    async def _api_error(_, e: P.APIError):
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_, e: RequestValidationError):
+        return error_response(validation_error(e.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return error_response(P.APIError(e.status_code, str(e.detail), kind))
+
+    # -- endpoints -----------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        stats = runner.engine.stats()
+        status = "error" if not runner.alive else "draining" if runner.draining else "ok"
+        body = {"status": status, "inflight": runner.inflight, **stats}
+        if runner.failed:
+            body["error"] = runner.failed
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "minfer",
+                                            "max_model_len": runner.engine.n_ctx}]}
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        body = await parse_body(http, P.CompletionRequest)
+        prompt = body.prompt_value()
+        if isinstance(prompt, str):
+            ids = tok.encode(prompt, add_special=True, parse_special=True)
+        else:
+            bad = [i for i in prompt if not 0 <= i < tok.vocab_size]
+            if bad:
+                raise P.APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary", param="prompt")
+            ids = list(prompt)
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens
+        return await generate(http, body, ids, max_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        body = await parse_body(http, P.ChatCompletionRequest)
+        if not chat_template:
+            raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
+                                  "use /v1/completions", param="messages")
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        try:
+            text = render_chat(chat_template, body.template_messages(), add_generation_prompt=True,
+                               bos_token=bos, eos_token=eos)
+        except TemplateError as e:
+            raise P.APIError(400, f"messages: the chat template rejected them: {e}", param="messages") from None
+        ids = tok.encode(text, add_special=False, parse_special=True)
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids = [tok.bos_id] + ids
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await generate(http, body, ids, -1 if limit is None else limit, chat=True)
+
+    # -- generation ----------------------------------------------------------------------------
+    async def generate(http: HTTPRequest, body, ids: list[int], max_tokens: int, chat: bool):
+        if runner.draining or not runner.alive:
+            raise P.APIError(503, "the server is shutting down" if runner.draining else runner.failed or
+                             "the engine is not running", "server_error", code="unavailable")
+        if not ids:
+            raise P.APIError(400, "the prompt is empty", param="prompt")
+        n_ctx = runner.engine.n_ctx
+        if len(ids) >= n_ctx:
+            raise context_error(len(ids), n_ctx)
+        req = Request(prompt_ids=ids, max_tokens=max_tokens, sampling=body.sampler(), stop=body.stop_list(),
+                      ignore_eos=body.ignore_eos)
+        try:
+            stream = runner.submit(req)
+        except QueueFull:
+            raise P.APIError(429, "the request queue is full: retry later", "rate_limit_error",
+                             code="queue_full", headers={"Retry-After": "1"}) from None
+        except UserError as e:
+            raise P.APIError(400, str(e), param="prompt", code="context_length_exceeded") from None
+        rid = P.new_id("chatcmpl" if chat else "cmpl")
+        metrics.requests.labels("chat" if chat else "completions", str(body.stream).lower()).inc()
+        if body.stream:
+            sse = stream_events(http, stream, rid, chat, body.include_usage())
+            return StreamingResponse(sse, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        text, final = [], None
+        async for ev in events(http, stream, poll_disconnect=True):
+            text.append(ev.text)
+            final = ev if ev.finished else None
+        if final is None:  # the client went away
+            return Response(status_code=499)
+        if final.finish_reason not in P.FINISH:
+            raise final_error(final)
+        return P.completion(rid, model_id, "".join(text), P.FINISH[final.finish_reason], final.prompt_tokens,
+                            final.completion_tokens, chat)
+
+    async def stream_events(http, stream: Stream, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+        if chat:
+            yield sse(P.chunk(rid, model_id, chat, role=True))
+        async for ev in events(http, stream):
+            if not ev.finished:
+                if ev.text:
+                    yield sse(P.chunk(rid, model_id, chat, text=ev.text))
+                continue
+            if ev.finish_reason in P.FINISH:
+                yield sse(P.chunk(rid, model_id, chat, text=ev.text, finish=P.FINISH[ev.finish_reason]))
+                if include_usage:
+                    yield sse(P.chunk(rid, model_id, chat,
+                                      usage_=P.usage(ev.prompt_tokens, ev.completion_tokens)))
+            else:
+                yield sse(final_error(ev).body())
+            yield "data: [DONE]\n\n"
+
+    async def events(http: HTTPRequest, stream: Stream, poll_disconnect: bool = False) -> AsyncIterator[Event]:
+        """A request's events up to and including the final one, timed into the metrics. If the
+        consumer stops early (client gone, task cancelled) the request is cancelled in the engine."""
+        finished = False
+        last = None
+        checked = time.perf_counter()
+        try:
+            while not finished:
+                if poll_disconnect:
+                    if time.perf_counter() - checked >= DISCONNECT_POLL_S:
+                        if await http.is_disconnected():
+                            return
+                        checked = time.perf_counter()
+                    try:
+                        ev = await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
+                    except asyncio.TimeoutError:
+                        continue
+                else:
+                    ev = await stream.queue.get()
+                now = time.perf_counter()
+                n = len(ev.token_ids or ())
+                if n:
+                    if last is None:
+                        metrics.ttft.observe(now - stream.submitted)
+                    else:
+                        for _ in range(n):
+                            metrics.itl.observe((now - last) / n)
+                    last = now
+                finished = ev.finished
+                if finished:
+                    metrics.e2e.observe(now - stream.submitted)
+                yield ev
+        finally:
+            if not finished:
+                runner.cancel(stream.id)
+
+    return app
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def parse_body(http: HTTPRequest, model: type[BaseModel]):
+    raw = await http.body()
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise P.APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise P.APIError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def validation_error(errors) -> P.APIError:
+    """pydantic's first error as a 400 naming the field."""
+    err = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")
+    param = ".".join(loc) if loc else (msg.split(":", 1)[0] if ":" in msg and " " not in msg.split(":", 1)[0]
+                                       else None)
+    return P.APIError(400, f"{param}: {msg}" if loc else msg, param=param)
+
+
+def context_error(n_prompt: int, n_ctx: int) -> P.APIError:
+    return P.APIError(400, f"the prompt is {n_prompt} tokens; this server's context is {n_ctx} tokens",
+                      param="prompt", code="context_length_exceeded")
+
+
+def final_error(ev: Event) -> P.APIError:
+    if ev.finish_reason == "cancelled":
+        return P.APIError(503, ev.error or "the request was cancelled (server shutting down)", "server_error",
+                          code="cancelled")
+    return P.APIError(500, ev.error or "generation failed", "server_error", code="engine_error")

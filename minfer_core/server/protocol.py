@@ -1,0 +1,196 @@
+"""OpenAI request bodies (pydantic) and the response / chunk JSON the server sends.
+
+Fields OpenAI defines but minfer cannot honour are accepted only at their neutral value (``n=1``,
+no logprobs, no penalties, no tools); anything else is a 400 naming the field. Extensions beyond
+OpenAI's set, as in llama.cpp's server: ``top_k``, ``min_p``, ``repeat_penalty``, ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..sampling import SamplerConfig
+
+
+class APIError(Exception):
+    """An OpenAI-style error response: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI does
+
+    model: str = ""
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    n: int = 1
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    # extensions
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    repeat_penalty: float = Field(1.0, gt=0.0)
+    ignore_eos: bool = False
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.n != 1:
+            raise ValueError("n: only n=1 is supported")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name}: not supported (use repeat_penalty)")
+        if self.logit_bias:
+            raise ValueError("logit_bias: not supported")
+        if isinstance(self.stop, list) and len(self.stop) > 4:
+            raise ValueError("stop: at most 4 sequences")
+        return self
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    def sampler(self) -> SamplerConfig:
+        temp = 0.0 if self.top_p == 0 else self.temperature  # top_p -> 0 keeps only the best token
+        return SamplerConfig(temp=temp, top_k=self.top_k, top_p=self.top_p or 1.0, min_p=self.min_p,
+                             repeat_penalty=self.repeat_penalty, seed=self.seed)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool = False
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise ValueError("prompt: only one prompt per request is supported")
+        for name in ("echo", "logprobs", "suffix"):
+            if getattr(self, name):
+                raise ValueError(f"{name}: not supported")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of: only 1 is supported")
+        return self
+
+    def prompt_value(self) -> str | list[int]:
+        """The single prompt: text or token ids."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return p[0]
+        return p
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Optional[bool] = None
+    tools: Optional[list[Any]] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _chat_supported(self):
+        if self.logprobs:
+            raise ValueError("logprobs: not supported")
+        if self.tools:
+            raise ValueError("tools: not supported")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format: only type 'text' is supported")
+        return self
+
+    def template_messages(self) -> list[dict]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+FINISH = {"stop": "stop", "eog": "stop", "length": "length", "context": "length"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int,
+               chat: bool) -> dict:
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chunk(rid: str, model: str, chat: bool, text: str | None = None, finish: str | None = None,
+          role: bool = False, usage_: dict | None = None) -> dict:
+    """One streamed chunk: a text delta, a final one with ``finish``, or (``usage_``) the usage
+    chunk with no choices."""
+    out = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+           "created": int(time.time()), "model": model}
+    if usage_ is not None:
+        out["choices"], out["usage"] = [], usage_
+        return out
+    if chat:
+        delta: dict = {"role": "assistant", "content": ""} if role else {}
+        if text:
+            delta["content"] = text
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    else:
+        out["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+    return out

@@ -1,0 +1,33 @@
+"""``minfer serve`` flag errors: one line, exit 2, before any model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from minfer_core.cli import main
+from minfer_core.errors import UserError
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--parallel", "0"], "--parallel must be >= 1"),
+    (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["--gpu-memory", "0"], "--gpu-memory must be > 0"),
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
+])
+def test_bad_flags(capsys, tmp_path, flags, needle):
+    assert main(["serve", "-m", str(tmp_path / "absent.gguf"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minfer: error: ") and needle in err and err.count("\n") == 1
+
+
+def test_port_in_use(capsys, tmp_path):
+    from minfer_core.commands.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(UserError) as e:
+            bind("127.0.0.1", sock.getsockname()[1])
+        assert "cannot listen" in str(e.value) and "--port" in str(e.value)
+    finally:
+        sock.close()
