@@ -8,6 +8,7 @@ import sys
 import torch
 
 from ..errors import UserError
+from . import values
 from .common import log
 
 ENGINE_OPTIONS = True
@@ -28,7 +29,7 @@ def add_parser(sub):
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
     p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default: 512; 0 = none)")
     p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default: 128; 0 = none)")
-    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default: 5)")
+    p.add_argument("-r", "--repetitions", type=values.positive, default=5, help="repetitions of each test (default: 5)")
     p.add_argument("-o", "--output", choices=("md", "json"), default="md", help="output format (default: md)")
     p.add_argument("--config", action="append", default=[], metavar="SPEC",
                    help="run under this configuration: 'default' or KEY=VALUE[,..] with MINFER_* env overrides, "
