@@ -1,7 +1,8 @@
 """The ``minfer`` command: llama.cpp-style subcommands. Text on stdout, logs on stderr.
 
 Every failure ends in one line on stderr: ``minfer: error: ...`` and status 2 for bad input,
-``minfer: interrupted`` and 130 for Ctrl-C (from this module's first lines on), status 0 when the reader of
+``minfer: interrupted`` and 130 for Ctrl-C (from this module's first lines on), ``minfer:
+terminated`` and 143 for SIGTERM (after cleanups ran), status 0 when the reader of
 stdout goes away (``| head``), ``minfer: internal error: ...`` and 1 for a bug. ``-v`` adds the
 traceback. This module imports only the standard library at the top, so nothing slow runs before
 ``main``'s handlers are in place.
@@ -44,6 +45,10 @@ def global_options(parser: argparse.ArgumentParser, top: bool) -> None:
     g.add_argument("--trace-plugins", action="store_true", **({"default": False} if top else d),
                    help="print hook calls and which candidate won each decision (stderr)")
     g.add_argument("--device", metavar="DEV", **d, help="cpu or cuda[:N] (default: cuda when available)")
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that cleanups (temporary files, child processes) run."""
 
 
 class UsageError(UserError):
@@ -108,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _report("minfer: interrupted", verbose)
         return 130
+    except Terminated:
+        _report("minfer: terminated", verbose)
+        return 143
     except BrokenPipeError:
         _drop_stdout()
         return 0
@@ -124,9 +132,14 @@ def entry() -> None:
     """The ``minfer`` console script and ``python -m minfer_core.cli``: ``main`` in a process
     where a late Ctrl-C (while the interpreter shuts down) also ends quietly."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # main turns KeyboardInterrupt into one line
+    signal.signal(signal.SIGTERM, _raise_terminated)
     status = main()
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     sys.exit(status)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
 
 
 def _report(line: str, verbose: bool) -> None:
