@@ -5,6 +5,12 @@ transformers compiles a template in jinja2's immutable sandbox with ``trim_block
 ``{% generation %}`` block tag, and adds a JSON filter that does not HTML-escape, plus the
 ``raise_exception`` and ``strftime_now`` globals. It renders with ``messages``, ``tools``,
 ``documents`` (``None`` when absent), ``add_generation_prompt`` and the special-token strings.
+
+A template comes from the model file, so a render is also bounded: CPU time (a tracer on the
+template's compiled code stops any loop), the output's length, the size of strings, lists and
+integers built on the way (operators, ``~``, calls and filters are checked before they allocate)
+and recursion depth. Whatever a template raises is a ``jinja2.TemplateError`` or is described in
+one line by ``describe_template_error``.
 """
 
 from __future__ import annotations
