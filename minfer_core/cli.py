@@ -1,10 +1,27 @@
-"""The ``minfer`` command: llama.cpp-style subcommands. Text on stdout, logs on stderr."""
+"""The ``minfer`` command: llama.cpp-style subcommands. Text on stdout, logs on stderr.
+
+Every failure ends in one line on stderr: ``minfer: error: ...`` and status 2 for bad input,
+``minfer: interrupted`` and 130 for Ctrl-C (from this module's first lines on), ``minfer:
+terminated`` and 143 for SIGTERM (after cleanups ran), status 0 when the reader of
+stdout goes away (``| head``), ``minfer: internal error: ...`` and 1 for a bug. ``-v`` adds the
+traceback. This module imports only the standard library at the top, so nothing slow runs before
+``main``'s handlers are in place.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "minfer":
+    # the program (python -m minfer_core.cli, or the console script): a Ctrl-C before main's handlers
+    # are in place is one line too; only the interpreter's own start-up, before this line, is not covered
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"minfer: interrupted\n"), os._exit(130)))
+
 import argparse
 import importlib
-import sys
+import traceback
 
 from . import __version__
 from .errors import UserError
@@ -30,14 +47,33 @@ def global_options(parser: argparse.ArgumentParser, top: bool) -> None:
     g.add_argument("--device", metavar="DEV", **d, help="cpu or cuda[:N] (default: cuda when available)")
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that cleanups (temporary files, child processes) run."""
+
+
+class UsageError(UserError):
+    """A bad command line (unknown flag, bad value): argparse's message, on one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors raise ``UsageError`` instead of printing usage and exiting, so that
+    they end like every other error (one line, status 2); subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see '{self.prog} -h')")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="minfer",
         description="Run GGUF language models (qwen2, llama) with Triton kernels on NVIDIA GPUs or torch on the CPU.",
         epilog="Run 'minfer COMMAND -h' for a command's options. Without -m, commands use the default model "
                "(Qwen2.5-Coder-0.5B-Instruct Q4_K_M), fetched into ~/.cache/minfer on first use.",
     )
     parser.add_argument("--version", action="version", version=f"minfer {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show the traceback with an error; with a command that loads a model, also log "
+                             "load details and timings (same as the command's -v)")
     global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
@@ -45,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = mod.add_parser(sub)
         if getattr(mod, "ENGINE_OPTIONS", False):
             global_options(p, top=False)
+        try:
+            p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help="show the traceback with an error")
+        except argparse.ArgumentError:
+            pass  # the command has its own -v (add_model_args), which does the same and more
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -60,20 +101,60 @@ def blocked_plugins(args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Parse and run one command; return the exit status (errors are printed, not raised)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verbose = "-v" in argv or "--verbose" in argv  # until the command line is parsed
     try:
-        return int(args._run(args) or 0)
+        args = build_parser().parse_args(argv)  # imports the commands (and torch): inside the try
+        verbose = args.verbose
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return status
     except KeyboardInterrupt:
-        print(file=sys.stderr)
+        _report("minfer: interrupted", verbose)
         return 130
+    except Terminated:
+        _report("minfer: terminated", verbose)
+        return 143
     except BrokenPipeError:
+        _drop_stdout()
         return 0
-    except Exception as e:  # user-facing errors end in one line
+    except Exception as e:
         if _is_user_error(e):
-            print(f"minfer: error: {e}", file=sys.stderr)
+            _report(f"minfer: error: {e}", verbose)
             return 2
-        raise
+        _report(f"minfer: internal error: {type(e).__name__}: {e}"
+                + ("" if verbose else " (run with -v for the traceback)"), verbose)
+        return 1
+
+
+def entry() -> None:
+    """The ``minfer`` console script and ``python -m minfer_core.cli``: ``main`` in a process
+    where a late Ctrl-C (while the interpreter shuts down) also ends quietly."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main turns KeyboardInterrupt into one line
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    status = main()
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    sys.exit(status)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _report(line: str, verbose: bool) -> None:
+    """The one line on stderr, after the traceback when ``-v`` is given."""
+    if verbose:
+        traceback.print_exc()
+    print(" ".join(line.split("\n")), file=sys.stderr, flush=True)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail on the closed pipe."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests capture stdout)
+        pass
 
 
 def _is_user_error(e: Exception) -> bool:
@@ -82,4 +163,4 @@ def _is_user_error(e: Exception) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,16 +8,10 @@ import sys
 import torch
 
 from ..errors import UserError
+from . import values
 from .common import log
 
 ENGINE_OPTIONS = True
-
-
-def _ints(s: str) -> list[int]:
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"expected comma-separated integers, got '{s}'") from None
 
 
 def add_parser(sub):
@@ -26,12 +20,12 @@ def add_parser(sub):
                                    "generate N tokens one at a time. Each test runs twice to warm up (compile, capture graphs), then -r times; "
                                    "load time is excluded. Prints a markdown table (or JSON) on stdout.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
-    p.add_argument("-p", "--n-prompt", default="512", help="prompt lengths, comma-separated (default: 512; 0 = none)")
-    p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated (default: 128; 0 = none)")
-    p.add_argument("-d", "--n-depth", default="0",
+    p.add_argument("-p", "--n-prompt", type=values.counts, default=[512], help="prompt lengths, comma-separated (default: 512; 0 = none)")
+    p.add_argument("-n", "--n-gen", type=values.counts, default=[128], help="generation lengths, comma-separated (default: 128; 0 = none)")
+    p.add_argument("-d", "--n-depth", type=values.counts, default=[0],
                    help="cache depths, comma-separated: each test runs after that many random tokens are in the "
                         "cache, untimed (default: 0)")
-    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default: 5)")
+    p.add_argument("-r", "--repetitions", type=values.positive, default=5, help="repetitions of each test (default: 5)")
     p.add_argument("-o", "--output", choices=("md", "json"), default="md", help="output format (default: md)")
     p.add_argument("--config", action="append", default=[], metavar="SPEC",
                    help="run under this configuration: 'default' or KEY=VALUE[,..] with MINFER_* env overrides, "
@@ -39,7 +33,7 @@ def add_parser(sub):
     p.add_argument("--gates", action="store_true",
                    help="A/B sweep: the default, then each declared gate (group gate) at \"0\", then each other mode of a mode gate")
     p.add_argument("--memory", action="store_true", help="add GPU memory after load and at peak (GiB)")
-    p.add_argument("--batch", metavar="B,..",
+    p.add_argument("--batch", metavar="B,..", type=values.counts,
                    help="batched serving instead (llama-batched-bench's table): for each B, B sequences of -p "
                         "prompt tokens prefilled together, then -n tokens each decoded together")
     return p
@@ -53,9 +47,7 @@ def run(args) -> int:
     from ..plugins import get_plugin_manager
     from ..fetch import resolve_model
 
-    if args.repetitions < 1:
-        raise UserError("-r must be at least 1")
-    tests = [("pp", n) for n in _ints(args.n_prompt) if n > 0] + [("tg", n) for n in _ints(args.n_gen) if n > 0]
+    tests = [("pp", n) for n in args.n_prompt if n > 0] + [("tg", n) for n in args.n_gen if n > 0]
     if not tests:
         raise UserError("nothing to run: give -p or -n")
     if args.batch:
@@ -63,9 +55,7 @@ def run(args) -> int:
     gates = declared_gates(get_plugin_manager(blocked=blocked_plugins(args))) if args.gates else {}
     specs = list(args.config) + list(sweep(gates) if args.gates else [])
     configs = [parse_config(s) for s in (specs or ["default"])]
-    depths = _ints(args.n_depth) or [0]
-    if min(depths) < 0:
-        raise UserError(f"-d: depths must be 0 or more, got '{args.n_depth}'")
+    depths = args.n_depth or [0]
     path = resolve_model(args.model)
     n_ctx = max(n for _, n in tests) + max(depths) + 16
     rows = []
@@ -142,7 +132,7 @@ def _run_batched(args, tests) -> int:
     from ..configs import load_under, parse_config
     from ..fetch import resolve_model
 
-    batches = [b for b in _ints(args.batch) if b > 0]
+    batches = [b for b in args.batch if b > 0]
     pps = [n for k, n in tests if k == "pp"] or [0]
     tgs = [n for k, n in tests if k == "tg"] or [0]
     if not batches or 0 in pps or 0 in tgs:

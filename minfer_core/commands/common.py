@@ -8,26 +8,53 @@ import sys
 from ..errors import UserError
 from ..fetch import resolve_model
 from ..sampling import SamplerConfig
+from . import values
 
 
 def add_model_args(p: argparse.ArgumentParser, ctx_default: int = 4096) -> None:
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
-    p.add_argument("-c", "--ctx-size", type=int, default=ctx_default, metavar="N",
-                   help=f"context size in tokens (default: {ctx_default}; 0 = the model's)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log load details and timings")
+    p.add_argument("-c", "--ctx-size", type=values.ctx_size, default=None, metavar="N",
+                   help=f"context size in tokens (default: {ctx_default}, or the model's if smaller; "
+                        "0 = the model's; more than the model's is an error)")
+    p.set_defaults(ctx_default=ctx_default)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="log load details and timings; show tracebacks")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N", help="tokens to generate (default: -1 = until end or context full)")
-    g.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (default: -1 = random)")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature (default: 0.8; 0 = greedy)")
-    g.add_argument("--top-k", type=int, default=40, help="top-k (default: 40; 0 = off)")
-    g.add_argument("--top-p", type=float, default=0.95, help="top-p (default: 0.95; 1.0 = off)")
-    g.add_argument("--min-p", type=float, default=0.05, help="min-p (default: 0.05; 0 = off)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, help="repeat penalty (default: 1.0 = off)")
-    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the repeat penalty looks back at (default: 64)")
-    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+    g.add_argument("-n", "--n-predict", type=values.n_predict, default=-1, metavar="N",
+                   help="tokens to generate (default: -1 = until an end token or the context is full; "
+                        "other negatives are refused)")
+    g.add_argument("-s", "--seed", type=values.seed, default=-1, help="RNG seed, 0 to 2**64-1 (default: -1 = random)")
+    g.add_argument("--temp", type=values.temperature, default=0.8, help="temperature >= 0 (default: 0.8; 0 = greedy)")
+    g.add_argument("--top-k", type=values.top_k, default=40, help="top-k (default: 40; 0 = off)")
+    g.add_argument("--top-p", type=values.top_p, default=0.95, help="top-p in (0, 1] (default: 0.95; 1.0 = off)")
+    g.add_argument("--min-p", type=values.min_p, default=0.05, help="min-p in [0, 1] (default: 0.05; 0 = off)")
+    g.add_argument("--repeat-penalty", type=values.repeat_penalty, default=1.0,
+                   help="repeat penalty > 0 (default: 1.0 = off)")
+    g.add_argument("--repeat-last-n", type=values.repeat_last_n, default=64,
+                   help="tokens the repeat penalty looks back at (default: 64; 0 = off, -1 = the whole context)")
+    g.add_argument("--stop", type=values.utf8_text, action="append", default=[], metavar="TEXT",
+                   help="stop at this text (repeatable)")
+
+
+def requested_ctx(args) -> int:
+    """-c as given, or the command's default when it was not."""
+    return args.ctx_size if args.ctx_size is not None else args.ctx_default
+
+
+def check_ctx(args, path) -> None:
+    """An explicit -c larger than the model's training context is refused (the default is clamped)."""
+    if not args.ctx_size:
+        return
+    from ..config import config_from_gguf
+    from ..gguf_file import open_gguf
+
+    limit = config_from_gguf(open_gguf(path)).ctx_len
+    if args.ctx_size > limit:
+        raise UserError(f"-c {args.ctx_size} is more than {path}'s context of {limit} tokens: "
+                        f"give -c {limit} or less (0 = the model's)")
 
 
 def sampler_config(args) -> SamplerConfig:
@@ -44,15 +71,39 @@ def load_engine(args, trace_dispatch: bool = False):
     from ..engine import Engine
 
     path = resolve_model(args.model)
+    check_ctx(args, path)
     engine = Engine.load(path, backend=getattr(args, "backend", None), policy=getattr(args, "policy", None),
-                         blocked=blocked_plugins(args), device=getattr(args, "device", None), n_ctx=args.ctx_size,
-                         trace_plugins=getattr(args, "trace_plugins", False), trace_dispatch=trace_dispatch)
+                         blocked=blocked_plugins(args), device=getattr(args, "device", None), n_ctx=requested_ctx(args),
+                         trace_plugins=getattr(args, "trace_plugins", False), trace_dispatch=trace_dispatch,
+                         progress=sys.stderr.isatty())
     if getattr(args, "verbose", False):
         c = engine.cfg
         log(f"minfer: {path.name}: {c.arch}, {c.n_layers} layers, {c.n_embd} wide, {c.n_heads}/{c.n_kv_heads} heads, "
             f"vocab {c.vocab_size}; device {engine.device}; n_ctx {engine.model.n_ctx}; loaded in {engine.timings.load_s:.2f} s")
         log(f"minfer: fuse mode {engine.plan.fuse_mode}" + (f" ({engine.plan.fuse_reason})" if engine.plan.fuse_reason else ""))
     return engine
+
+
+def read_text_file(path: str, what: str, newline: str | None = None) -> str:
+    """A UTF-8 text file, or a UserError naming the file and what is wrong with it."""
+    try:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: cannot read {what}: not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset "
+                        f"{e.start}); convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+
+
+def read_text_stream(stream, what: str) -> str:
+    """All of a binary stream (stdin's buffer) as UTF-8, or a UserError saying where it is not."""
+    data = stream.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                        "convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
 
 
 def log(msg: str) -> None:

@@ -8,6 +8,7 @@ import sys
 import torch
 
 from ..errors import UserError
+from . import values
 from .common import log
 
 ENGINE_OPTIONS = True
@@ -20,7 +21,7 @@ def add_parser(sub):
                                    "configuration's. Exit status 1 if any stream differs.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name")
     p.add_argument("-p", "--prompt", default="The quick brown fox", help="prompt text")
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="greedy tokens per configuration (default: 128)")
+    p.add_argument("-n", "--n-predict", type=values.count, default=128, help="greedy tokens per configuration (default: 128)")
     p.add_argument("--config", action="append", default=[], metavar="SPEC",
                    help="'default' or KEY=VALUE[,..] (MINFER_* env, backend=NAME, plugin=no:NAME); repeatable; "
                         "the first is the baseline (default: default vs all gates explicitly on)")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..errors import UserError
-from .common import add_model_args, load_engine, log
+from . import values
+from .common import add_model_args, load_engine, log, read_text_file, requested_ctx
 
 ENGINE_OPTIONS = True
 
@@ -17,23 +17,21 @@ def add_parser(sub):
                                    "'Final estimate: PPL = X +/- Y'.")
     add_model_args(p, ctx_default=512)
     p.add_argument("-f", "--file", required=True, metavar="FILE", help="text file to score")
-    p.add_argument("--chunks", type=int, default=-1, help="score at most this many windows (default: all)")
+    p.add_argument("--chunks", type=values.chunks, default=-1, help="score at most this many windows (default: -1 = all)")
     return p
 
 
 def run(args) -> int:
     from ..perplexity import perplexity
 
-    try:
-        text = Path(args.file).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise UserError(f"{args.file}: {e.strerror or e}") from None
-    if args.ctx_size < 16:
-        raise UserError("-c must be at least 16 for perplexity")
+    text = read_text_file(args.file, "text")
+    if 0 < requested_ctx(args) < 16:
+        raise UserError("-c must be at least 16 for perplexity (0 = the model's context)")
     engine = load_engine(args)
-    log(f"perplexity: calculating perplexity over windows of {args.ctx_size} tokens")
+    n_ctx = engine.model.n_ctx  # -c, or the model's context for -c 0 or a smaller model
+    log(f"perplexity: calculating perplexity over windows of {n_ctx} tokens")
     try:
-        res = perplexity(engine, text, args.ctx_size, args.chunks,
+        res = perplexity(engine, text, n_ctx, args.chunks,
                          on_window=lambda i, p: (sys.stdout.write(f"[{i}]{p:.4f},"), sys.stdout.flush()))
     except ValueError as e:
         raise UserError(f"{args.file}: {e}") from None

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..errors import UserError
-from .common import add_model_args, add_sampling_args, load_engine, log, sampler_config
+from . import values
+from .common import add_model_args, add_sampling_args, load_engine, log, read_text_file, sampler_config
 
 ENGINE_OPTIONS = True
 
@@ -15,7 +15,7 @@ def add_parser(sub):
     p = sub.add_parser("run", help="generate text from a prompt",
                        description="Complete a prompt. The text streams to stdout; logs go to stderr.")
     add_model_args(p)
-    p.add_argument("-p", "--prompt", help="prompt text (control tokens such as <|im_start|> are parsed)")
+    p.add_argument("-p", "--prompt", type=values.utf8_text, help="prompt text (control tokens such as <|im_start|> are parsed)")
     p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from a file")
     p.add_argument("--no-bos", action="store_true", help="never prepend BOS")
     p.add_argument("--trace-dispatch", action="store_true", help="print each kernel label and how often it ran (stderr)")
@@ -27,10 +27,7 @@ def read_prompt(args) -> str:
     if args.prompt is not None and args.file:
         raise UserError("give the prompt with -p or -f, not both")
     if args.file:
-        try:
-            return Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"{args.file}: cannot read prompt: {e}") from None
+        return read_text_file(args.file, "prompt")
     return args.prompt if args.prompt is not None else ""
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from minfer_core.errors import UserError
 
+from . import values
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -17,7 +19,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "well-scaled tensor data of each tensor's type. The header is kept byte for byte.")
     p.add_argument("template", type=Path, help="layout template (.gguf or .gguf.xz)")
     p.add_argument("out", type=Path, help="output .gguf path")
-    p.add_argument("-s", "--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("-s", "--seed", type=values.seed_fixed, default=0, help="random seed, 0 to 2**64-1 (default 0)")
     return p
 
 

@@ -6,6 +6,8 @@ import json
 import sys
 
 from ..errors import UserError
+from . import values
+from .common import read_text_file, read_text_stream
 
 
 def add_parser(sub):
@@ -13,7 +15,7 @@ def add_parser(sub):
                        description="Tokenize TEXT with the model's vocabulary (only the file's metadata is read). "
                                    "Control tokens written in the text, such as <|im_start|>, are parsed by default.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
-    p.add_argument("text", nargs="?", help="text to tokenize (use -f or --stdin instead for a file or a pipe)")
+    p.add_argument("text", nargs="?", type=values.utf8_text, help="text to tokenize (use -f or --stdin instead for a file or a pipe)")
     p.add_argument("-f", "--file", metavar="FILE", help="read the text from a file, byte for byte")
     p.add_argument("--stdin", action="store_true", help="read the text from standard input")
     p.add_argument("--no-parse-special", action="store_true", help="treat control-token text as plain text")
@@ -23,13 +25,9 @@ def add_parser(sub):
 
 def _read_text(args) -> str:
     if args.stdin:
-        return sys.stdin.read()
+        return read_text_stream(sys.stdin.buffer, "standard input")
     if args.file:
-        try:
-            with open(args.file, encoding="utf-8", newline="") as f:
-                return f.read()
-        except OSError as e:
-            raise UserError(f"{args.file}: {e.strerror}") from None
+        return read_text_file(args.file, "text", newline="")
     if args.text is None:
         raise UserError("give TEXT, -f FILE or --stdin")
     return args.text
