@@ -78,7 +78,7 @@ def decoding(eng, prompts) -> tuple[BatchEngine, list]:
                      step_tokens=128)
     for ids in prompts:
         be.submit(Request(ids, 50, GREEDY, ignore_eos=True))
-    while not (be.sched.running and all(s.decoding for s in be.sched.running) and len(be.sched.running) == len(prompts)):
+    while not (len(be.sched.running) == len(prompts) and all(s.decoding for s in be.sched.running)):
         be.step()
     work = be.sched.schedule()
     assert all(w.end - w.start == 1 for w in work) and len(work) == len(prompts)
