@@ -4,8 +4,14 @@ batched forward, behind a thread-safe submit / cancel / step interface.
 One thread runs :meth:`BatchEngine.run_forever` (or calls :meth:`step`); any thread may call
 :meth:`submit`, :meth:`cancel` and :meth:`stats`. Each accepted request gets its events in order
 through ``on_event`` (called from the engine thread), the last one with ``finished=True``.
-A request's greedy tokens do not depend on what else runs (see :meth:`Transformer.forward_batch`
+A request's greedy tokens do not depend on what else runs (see :mod:`minfer_core.batch_forward`
 and :mod:`minfer_core.scheduler`); sampled tokens come from the request's own seeded generator.
+
+A step whose every sequence has one row (decode-only) runs from fixed shapes (entries padded to a
+bucket of 1..256 on a scratch block, :mod:`minfer_core.batch_inputs`), replayed from a CUDA graph
+per bucket on a GPU (:mod:`minfer_core.batch_graphs`); other steps run eagerly. Both give a row
+the same bits. Plain-greedy requests take one argmax over the step's rows; the others' logits come
+to the host in one copy for their own samplers.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from .config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
 from .reference import rmsnorm_rows as rmsnorm
-from .reference import rotate
 from .weights import Activation, Weight
 
 PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"

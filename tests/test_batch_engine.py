@@ -299,3 +299,22 @@ def test_gpu_alone_vs_among_128_others(qwen_path):
     ids = be.tok.encode("def quicksort(items):", add_special=True)
     alone_tokens, among = among_others(be, ids, 128, 64)
     assert among == alone_tokens
+
+
+def test_seeded_sampling_alone_equals_among_greedy_and_penalized_others(engine):
+    # One step samples greedy rows (one argmax), a repeat-penalized greedy row and seeded sampled
+    # rows (their own samplers on the host): each request's tokens are those it gets alone.
+    configs = [SamplerConfig(temp=0.9, seed=3), GREEDY, SamplerConfig(temp=0, repeat_penalty=1.3),
+               SamplerConfig(temp=1.2, top_k=0, seed=11)]
+    ids = [prompt(1000 + i, 12 + 5 * i) for i in range(len(configs))]
+    want = []
+    for p, sc in zip(ids, configs):
+        c = Collect()
+        r = c.req(p, 10, sc, ignore_eos=True)
+        run(batch(engine), {0: [r]})
+        want.append(c.tokens(r.id))
+    c = Collect()
+    rs = [c.req(p, 10, sc, ignore_eos=True) for p, sc in zip(ids, configs)]
+    run(batch(engine), {0: rs})
+    assert [c.tokens(r.id) for r in rs] == want
+    assert want[0] != alone(engine, ids[0], 10)  # the seeded request really sampled (not argmax)

@@ -144,7 +144,8 @@ def _run_batched(args, tests) -> int:
         engine = load_under(cfg, path, args, n_ctx)
         per_seq = -(-engine.model.n_ctx // 16)
         be = BatchEngine(engine, parallel=max(batches), max_queue=max(batches), n_blocks=max(batches) * per_seq)
-        run_batched(be, min(pps), min(tgs), 1, seed=12345)  # warm-up: compilation
+        for b in batches:  # warm-up: compilation, and each batch size's decode graph captured
+            run_batched(be, min(pps), 2, b, seed=12345)
         for pp in pps:
             for tg in tgs:
                 for b in batches:

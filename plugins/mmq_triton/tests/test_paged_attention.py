@@ -83,3 +83,10 @@ def test_paged_real_shapes_cuda(bsz):
     out = att(q, k, v, tables, n)
     assert rel(out, oracle(q, k, v, tables, n, 16)) < 2e-3
     assert torch.equal(att(q[:1], k, v, tables[:1], n[:1])[0], out[0])
+
+
+def test_offered_as_the_paged_decode_attention_phase():
+    from minfer_mmq_triton.attention import attention_candidates
+
+    (c,) = attention_candidates("paged_decode", None)
+    assert c.label == "mmq.attn.paged" and isinstance(c.fn, PagedDecodeAttention)

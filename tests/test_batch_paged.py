@@ -1,0 +1,220 @@
+"""The batched step's single rows through the paged decode attention, and the decode-only step on
+fixed shapes (what CUDA graphs capture), on the CPU: the reference backend's paged attention
+against float64 attention, the new path against the old per-sequence one, and the capturable
+decode-only step against the general step, bit for bit. GPU: graph replay against eager, and a
+request alone against the same request among 127 others on the real 0.5B model.
+
+Oracles: float64 softmax attention over each entry's gathered K/V; the old path (one prefill
+attention call per single row over its sequence's gathered blocks); the general step's own bits
+for the same rows (the decode-only step must not change them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from minfer_core.batch_engine import BatchEngine, Request
+from minfer_core.batch_forward import decode_rows
+from minfer_core.engine import Engine
+from minfer_core.reference import attention_paged_decode, attention_prefill
+from minfer_core.sampling import SamplerConfig
+from minfer_core.synth import synthesize, tiny_layout, write_layout
+from minfer_core.weights import Candidate
+
+GREEDY = SamplerConfig(temp=0)
+
+
+def paged_inputs(lens, h=4, hkv=2, d=16, page=4, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    nb = [-(-n // page) for n in lens]
+    n_blocks = sum(nb) + 2
+    k = torch.randn(n_blocks, page, hkv, d, generator=g).to(dtype)
+    v = torch.randn(n_blocks, page, hkv, d, generator=g).to(dtype)
+    order = torch.randperm(n_blocks, generator=g).tolist()
+    tables = torch.full((len(lens), max(nb) + 3), order[-1], dtype=torch.int32)  # wider than needed
+    for i, m in enumerate(nb):
+        tables[i, :m] = torch.tensor([order.pop(0) for _ in range(m)], dtype=torch.int32)
+    return torch.randn(len(lens), h, d, generator=g), k, v, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def float64_attention(q, k, v, tables, lens):
+    page, out = k.shape[1], []
+    for b, n in enumerate(lens.tolist()):
+        rows = torch.cat([torch.arange(p * page, (p + 1) * page) for p in tables[b].tolist()])[:n]
+        kb, vb = k.flatten(0, 1)[rows].double(), v.flatten(0, 1)[rows].double()
+        rep = q.shape[1] // k.shape[2]
+        kb, vb = kb.repeat_interleave(rep, 1), vb.repeat_interleave(rep, 1)
+        s = torch.einsum("hd,nhd->hn", q[b].double(), kb) / math.sqrt(q.shape[2])
+        out.append(torch.einsum("hn,nhd->hd", s.softmax(-1), vb).reshape(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_reference_paged_attention_matches_float64_and_is_per_entry(dtype):
+    q, k, v, tables, lens = paged_inputs([1, 9, 4, 23], dtype=dtype)
+    got = attention_paged_decode(q, k, v, tables, lens)
+    want = float64_attention(q, k, v, tables, lens)
+    assert got.dtype == torch.float32 and got.shape == (4, 4 * 16)
+    assert float((got.double() - want).abs().max()) < 1e-5
+    for b in range(4):  # each entry alone: the same bits
+        alone = attention_paged_decode(q[b:b + 1], k, v, tables[b:b + 1], lens[b:b + 1])
+        assert torch.equal(alone[0], got[b])
+
+
+def tiny_engine(tmp_path, qtype, **load):
+    md, ts = tiny_layout("qwen2", qtype)
+    write_layout(tmp_path / "t.layout.gguf", md, ts)
+    synthesize(tmp_path / "t.layout.gguf", tmp_path / "t.gguf", progress=False)
+    return Engine.load(tmp_path / "t.gguf", device="cpu", n_ctx=128, progress=False, **load)
+
+
+def decoding(eng, prompts) -> tuple[BatchEngine, list]:
+    """A batched engine whose requests all decode now, and the work of its next (decode-only) step."""
+    be = BatchEngine(eng, parallel=len(prompts), max_queue=8, n_blocks=len(prompts) * 8, segment=32,
+                     step_tokens=128)
+    for ids in prompts:
+        be.submit(Request(ids, 50, GREEDY, ignore_eos=True))
+    while not (len(be.sched.running) == len(prompts) and all(s.decoding for s in be.sched.running)):
+        be.step()
+    work = be.sched.schedule()
+    assert all(w.end - w.start == 1 for w in work) and len(work) == len(prompts)
+    return be, work
+
+
+def per_sequence_attention(q, k_pages, v_pages, tables, lens):
+    """The old path: one prefill attention call per entry over its gathered blocks."""
+    page, out = k_pages.shape[1], []
+    for b, n in enumerate(lens.tolist()):
+        blocks = tables[b, :-(-n // page)].long()
+        ks, vs = k_pages.index_select(0, blocks).flatten(0, 1), v_pages.index_select(0, blocks).flatten(0, 1)
+        out.append(attention_prefill(q[b:b + 1], ks[:n], vs[:n], n - 1)[0])
+    return torch.stack(out)
+
+
+def check_decode_paths(be, work, tol):
+    """decode_rows on the padded bucket == the general step on the same rows (bitwise); the paged
+    attention == the old per-sequence attention (to ``tol``)."""
+    inputs = torch.from_numpy(be.packer.decode_only(work))
+    assert inputs.shape[0] > len(work)  # padding entries present
+    fixed = decode_rows(be.model, inputs, be.block_size, be.row_tile)[:len(work)]
+    batch, sampled = be.packer.mixed(work, be.model.device)
+    assert sampled == list(range(len(work))) and batch.n_single == len(work) and not batch.seqs
+    general = be.model.forward_batch(batch, be.block_size, be.row_tile)
+    assert torch.equal(fixed, general)
+    rt = be.model.rt
+    paged, rt.attn_paged = rt.attn_paged, Candidate("reference", "old.per_sequence", per_sequence_attention)
+    try:
+        old = be.model.forward_batch(batch, be.block_size, be.row_tile)
+    finally:
+        rt.attn_paged = paged
+    assert float((old - general).abs().max()) <= tol * float(old.abs().max())
+
+
+def test_decode_only_step_equals_general_step_and_old_path_reference(tmp_path):
+    eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
+    assert eng.plan.attention["paged_decode"].label == "ref.attn.paged_decode"
+    be, work = decoding(eng, [list(range(3, 3 + n)) for n in (5, 37, 20)])
+    assert be.graphs is None  # never on the CPU
+    check_decode_paths(be, work, 1e-5)
+
+
+def test_decode_only_step_equals_general_step_and_old_path_mmq(tmp_path):
+    """The same under the mmq_triton kernels (Triton's interpreter on the CPU): paged kernel, fused
+    RoPE + K/V write at per-row slots."""
+    pytest.importorskip("triton")
+    eng = tiny_engine(tmp_path, QT.Q4_K)
+    assert eng.plan.attention["paged_decode"].label == "mmq.attn.paged"
+    assert eng.plan.prefill_ops["prefill_rope_kv"].label == "mmq.pre.rope_kv"
+    be, work = decoding(eng, [list(range(3, 3 + n)) for n in (6, 21, 2)])
+    # q and the probabilities rounded to f16 in the paged kernel (~5e-4 relative each), through two
+    # layers of bf16 GEMMs: ~3e-3 of the largest logit measured; a wrong key or block is O(1)
+    check_decode_paths(be, work, 1e-2)
+    assert eng.model.rt.counts["mmq.attn.paged"] > 0 and eng.model.rt.counts["mmq.pre.rope_kv"] > 0
+
+
+# -- GPU ---------------------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1, 3, 8, 100])
+def test_gpu_graph_replay_equals_eager(qwen_path, n):
+    be = BatchEngine.load(qwen_path, n_ctx=512, parallel=n, max_queue=n, progress=False)
+    assert be.graphs is not None
+    g = torch.Generator().manual_seed(n)
+    lengths = torch.randint(4, 200, (n,), generator=g).tolist()
+    prompts = [torch.randint(0, 1000, (k,), generator=g).tolist() for k in lengths]
+    be, work = decoding_gpu(be, prompts)
+    inputs = torch.from_numpy(be.packer.decode_only(work)).to(be.model.device)
+    eager = be._decode_step(inputs).clone()
+    graphed = be.graphs(inputs).clone()
+    assert inputs.shape[0] in be.graphs.graphs and not be.graphs.failed
+    assert torch.equal(graphed, eager)
+    batch, _ = be.packer.mixed(work, be.model.device)
+    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile), eager[:n])
+    assert be.model.rt.counts["mmq.attn.paged"] > 0
+
+
+@pytest.mark.cuda
+def test_gpu_graphs_off_without_the_cuda_graphs_plugin(qwen_path):
+    be = BatchEngine.load(qwen_path, n_ctx=256, parallel=2, max_queue=2, blocked=("cuda_graphs",), progress=False)
+    assert be.graphs is None
+
+
+def decoding_gpu(be, prompts):
+    for ids in prompts:
+        be.submit(Request(ids, 50, GREEDY, ignore_eos=True))
+    while not (len(be.sched.running) == len(prompts) and all(s.decoding for s in be.sched.running)):
+        be.step()
+    return be, be.sched.schedule()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_gpu_alone_vs_among_127_others_bitwise(qwen_path, shared_prefix):
+    """A request's greedy tokens and logits alone (graph of bucket 1) equal its tokens among 127
+    others arriving around it (mixed eager steps, graphs of larger buckets); with
+    ``shared_prefix`` its prompt is 3 segments long, so its second run starts from a prefix hit."""
+    be = BatchEngine.load(qwen_path, n_ctx=1024, parallel=128, max_queue=256, progress=False)
+    g = torch.Generator().manual_seed(1)
+    target = be.tok.encode("def quicksort(items):", add_special=True)
+    if shared_prefix:
+        target = torch.randint(0, 1000, (200,), generator=g).tolist() + target
+    logits: dict[str, list] = {}
+    pick = be._pick
+
+    def recording(seqs, rows):
+        for s, row in zip(seqs, rows):
+            logits.setdefault(s.id, []).append(row.float().cpu())
+        return pick(seqs, rows)
+
+    be._pick = recording
+    out: dict[str, list[int]] = {}
+
+    def req(ids):
+        return Request(ids, 64, GREEDY, ignore_eos=True,
+                       on_event=lambda e: out.setdefault(e.request_id, []).extend(e.token_ids))
+
+    alone = req(target)
+    be.submit(alone)
+    while be.step():
+        pass
+    hits = be.pool.hits
+    lengths = torch.randint(4, 300, (127,), generator=g).tolist()
+    others = [req(torch.randint(0, 1000, (k,), generator=g).tolist()) for k in lengths]
+    again = req(target)
+    for r in others[:60]:
+        be.submit(r)
+    for _ in range(3):
+        be.step()
+    be.submit(again)
+    for r in others[60:]:
+        be.submit(r)
+    while be.step():
+        pass
+    assert out[again.id] == out[alone.id] and len(out[alone.id]) == 64
+    assert all(torch.equal(a, b) for a, b in zip(logits[again.id], logits[alone.id]))
+    assert (be.pool.hits > hits) == shared_prefix
+    assert be.pool.n_free == be.pool.n_blocks
+    assert be.graphs.graphs and not be.graphs.failed
