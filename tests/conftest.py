@@ -23,3 +23,17 @@ def qwen_path():
 @pytest.fixture(scope="session")
 def smollm_path():
     return pull("smollm2-135m", quiet=True)
+
+
+@pytest.fixture(scope="session")
+def synth_05b(tmp_path_factory):
+    """A full-size model with Qwen2.5-Coder-0.5B Q4_K_M's layout and random weights: what GPU tests
+    run on where the real file cannot be fetched (the GPU machine has no network)."""
+    from pathlib import Path
+
+    from minfer_core.synth import synthesize
+
+    template = Path(__file__).resolve().parents[1] / "models" / "qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz"
+    out = tmp_path_factory.mktemp("synth") / "05b.gguf"
+    synthesize(template, out, progress=False)
+    return out

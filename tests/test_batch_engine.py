@@ -294,8 +294,8 @@ def test_real_model_alone_vs_among_others_and_single_stream(qwen_path):
 
 
 @pytest.mark.cuda
-def test_gpu_alone_vs_among_128_others(qwen_path):
-    be = BatchEngine.load(qwen_path, n_ctx=1024, parallel=129, max_queue=256, progress=False)
+def test_gpu_alone_vs_among_128_others(synth_05b):
+    be = BatchEngine.load(synth_05b, n_ctx=1024, parallel=129, max_queue=256, progress=False)
     ids = be.tok.encode("def quicksort(items):", add_special=True)
     alone_tokens, among = among_others(be, ids, 128, 64)
     assert among == alone_tokens

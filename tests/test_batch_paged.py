@@ -139,8 +139,8 @@ def test_decode_only_step_equals_general_step_and_old_path_mmq(tmp_path):
 # -- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 3, 8, 100])
-def test_gpu_graph_replay_equals_eager(qwen_path, n):
-    be = BatchEngine.load(qwen_path, n_ctx=512, parallel=n, max_queue=n, progress=False)
+def test_gpu_graph_replay_equals_eager(synth_05b, n):
+    be = BatchEngine.load(synth_05b, n_ctx=512, parallel=n, max_queue=n, progress=False)
     assert be.graphs is not None
     g = torch.Generator().manual_seed(n)
     lengths = torch.randint(4, 200, (n,), generator=g).tolist()
@@ -157,8 +157,8 @@ def test_gpu_graph_replay_equals_eager(qwen_path, n):
 
 
 @pytest.mark.cuda
-def test_gpu_graphs_off_without_the_cuda_graphs_plugin(qwen_path):
-    be = BatchEngine.load(qwen_path, n_ctx=256, parallel=2, max_queue=2, blocked=("cuda_graphs",), progress=False)
+def test_gpu_graphs_off_without_the_cuda_graphs_plugin(synth_05b):
+    be = BatchEngine.load(synth_05b, n_ctx=256, parallel=2, max_queue=2, blocked=("cuda_graphs",), progress=False)
     assert be.graphs is None
 
 
@@ -172,11 +172,11 @@ def decoding_gpu(be, prompts):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("shared_prefix", [False, True])
-def test_gpu_alone_vs_among_127_others_bitwise(qwen_path, shared_prefix):
+def test_gpu_alone_vs_among_127_others_bitwise(synth_05b, shared_prefix):
     """A request's greedy tokens and logits alone (graph of bucket 1) equal its tokens among 127
     others arriving around it (mixed eager steps, graphs of larger buckets); with
     ``shared_prefix`` its prompt is 3 segments long, so its second run starts from a prefix hit."""
-    be = BatchEngine.load(qwen_path, n_ctx=1024, parallel=128, max_queue=256, progress=False)
+    be = BatchEngine.load(synth_05b, n_ctx=1024, parallel=128, max_queue=256, progress=False)
     g = torch.Generator().manual_seed(1)
     target = be.tok.encode("def quicksort(items):", add_special=True)
     if shared_prefix:

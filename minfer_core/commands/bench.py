@@ -36,6 +36,9 @@ def add_parser(sub):
     p.add_argument("--batch", metavar="B,..", type=values.counts,
                    help="batched serving instead (llama-batched-bench's table): for each B, B sequences of -p "
                         "prompt tokens prefilled together, then -n tokens each decoded together")
+    p.add_argument("--row-tile", type=values.positive, metavar="N",
+                   help="with --batch: rows per fixed matmul tile of the batched engine (default: 64 on CUDA, "
+                        "16 on the CPU); a step of B rows runs every matmul ceil(B / N) times")
     return p
 
 
@@ -143,7 +146,8 @@ def _run_batched(args, tests) -> int:
     for cfg in [parse_config(s) for s in (args.config or ["default"])]:
         engine = load_under(cfg, path, args, n_ctx)
         per_seq = -(-engine.model.n_ctx // 16)
-        be = BatchEngine(engine, parallel=max(batches), max_queue=max(batches), n_blocks=max(batches) * per_seq)
+        be = BatchEngine(engine, parallel=max(batches), max_queue=max(batches), n_blocks=max(batches) * per_seq,
+                         row_tile=args.row_tile)
         for b in batches:  # warm-up: compilation, and each batch size's decode graph captured
             run_batched(be, min(pps), 2, b, seed=12345)
         for pp in pps:
