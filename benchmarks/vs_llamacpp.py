@@ -1,12 +1,12 @@
 """minfer beside llama.cpp on the same GGUF files, in one process run: one markdown table.
 
     python benchmarks/vs_llamacpp.py --models /tmp/7b.gguf /tmp/05b.gguf --llama-bin /tmp/llamacpp/b/bin \
-        [-p 512,3314] [-n 128] [-r 3] [--batched 1,8,32] > table.md
+        [-p 512,3314] [-n 128] [-d 0,4096] [-r 3] [--batched 1,8,32,128] [--row-tile 64,128] > table.md
 
 For every model: ``minfer bench -o json --memory`` and ``llama-bench -o json -fa 1 -ngl 99`` with the
-same ``-p`` / ``-n`` / ``-r``, one row per test with both figures and their ratio, and minfer's GPU
-memory; then ``llama-batched-bench`` (``-npp 128 -ntg 128 -npl --batched``) for llama.cpp's
-multi-sequence decode, which minfer does not do (single sequence only). Without ``--llama-bin`` (or
+same ``-p`` / ``-n`` / ``-d`` / ``-r``, one row per test with both figures and their ratio, and minfer's
+GPU memory; then, with ``--batched``, ``minfer bench --batch`` (once per ``--row-tile``) beside
+``llama-batched-bench -npp 128 -ntg 128 -npl``, one row per sequence count. Without ``--llama-bin`` (or
 when a binary is missing) the llama.cpp columns read "-". Progress goes to stderr.
 """
 
@@ -36,8 +36,8 @@ def run_json(cmd: list[str], timeout: int) -> list | None:
         return rows or None
 
 
-def test_name(n_prompt: int, n_gen: int) -> str:
-    return f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}"
+def test_name(n_prompt: int, n_gen: int, depth: int = 0) -> str:
+    return (f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}") + (f" @ d{depth}" if depth else "")
 
 
 def main() -> int:
@@ -46,8 +46,10 @@ def main() -> int:
     ap.add_argument("--llama-bin", type=Path, help="folder holding llama-bench and llama-batched-bench")
     ap.add_argument("-p", default="512,3314")
     ap.add_argument("-n", default="128")
+    ap.add_argument("-d", default="0", help="cache depths (llama-bench -d)")
     ap.add_argument("-r", default="3")
-    ap.add_argument("--batched", default="1,8,32", help="llama-batched-bench -npl (parallel sequences)")
+    ap.add_argument("--batched", default="", help="sequence counts for minfer bench --batch / llama-batched-bench -npl")
+    ap.add_argument("--row-tile", default="", help="minfer's batched row tiles to try, comma-separated (default: its own)")
     ap.add_argument("--timeout", type=int, default=400)
     a = ap.parse_args()
     lb = a.llama_bin / "llama-bench" if a.llama_bin else None
@@ -59,12 +61,12 @@ def main() -> int:
     for model in a.models:
         name = Path(model).name
         mine = run_json([sys.executable, "-m", "minfer_core.cli", "bench", "-m", model, "-p", a.p, "-n", a.n,
-                         "-r", a.r, "--memory", "-o", "json"], a.timeout) or []
+                         "-d", a.d, "-r", a.r, "--memory", "-o", "json"], a.timeout) or []
         ref = {}
         if lb and lb.exists():
-            for r in run_json([str(lb), "-m", model, "-p", a.p, "-n", a.n, "-r", a.r, "-fa", "1", "-ngl", "99",
-                               "-o", "json"], a.timeout) or []:
-                ref[test_name(r["n_prompt"], r["n_gen"])] = (r["avg_ts"], r["stddev_ts"])
+            for r in run_json([str(lb), "-m", model, "-p", a.p, "-n", a.n, "-d", a.d, "-r", a.r, "-fa", "1",
+                               "-ngl", "99", "-o", "json"], a.timeout) or []:
+                ref[test_name(r["n_prompt"], r["n_gen"], r.get("n_depth", 0))] = (r["avg_ts"], r["stddev_ts"])
         for r in mine:
             ours, theirs = r["avg_ts"], ref.get(r["test"])
             mem = f"{r['mem_load_gib']:.2f} / {r['mem_peak_gib']:.2f} GiB" if "mem_load_gib" in r else "-"
@@ -72,16 +74,36 @@ def main() -> int:
                        + (f"{theirs[0]:,.1f} ± {theirs[1]:,.1f}" if theirs else "-")
                        + f" | {ours:,.1f} ± {r['stddev_ts']:,.1f} | "
                        + (f"{ours / theirs[0]:.2f}x" if theirs else "-") + f" | {mem} |")
-        if lbb and lbb.exists():
-            for r in run_json([str(lbb), "-m", model, "-c", "16384", "-fa", "on", "-ngl", "99", "-npp", "128",
-                               "-ntg", "128", "-npl", a.batched, "--output-format", "jsonl"], a.timeout) or []:
-                batched.append(f"| {name} | {r.get('pl')} | {r.get('speed_pp', 0):,.1f} | {r.get('speed_tg', 0):,.1f} |")
+        if a.batched:
+            batched += batched_rows(a, name, model, lbb)
     print("\n".join(out))
     if batched:
-        print("\nllama-batched-bench (-npp 128 -ntg 128; minfer decodes one sequence at a time):\n")
-        print("| model | sequences | llama.cpp S_PP t/s | llama.cpp S_TG t/s |\n|---|---:|---:|---:|")
+        print("\nBatched decode (-p 128 -n 128 per sequence; llama-batched-bench -npp 128 -ntg 128):\n")
+        print("| model | B | minfer row tile | llama.cpp S_PP | minfer S_PP | llama.cpp S_TG | minfer S_TG | S_TG ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         print("\n".join(batched))
     return 0
+
+
+def batched_rows(a, name: str, model: str, lbb) -> list[str]:
+    ref = {}
+    if lbb and lbb.exists():
+        ctx = max(int(b) for b in a.batched.split(",")) * 256 + 256
+        for r in run_json([str(lbb), "-m", model, "-c", str(ctx), "-fa", "on", "-ngl", "99", "-npp", "128",
+                           "-ntg", "128", "-npl", a.batched, "--output-format", "jsonl"], a.timeout) or []:
+            ref[int(r.get("pl", 0))] = (r.get("speed_pp", 0.0), r.get("speed_tg", 0.0))
+    rows = []
+    for tile in a.row_tile.split(",") if a.row_tile else [""]:
+        mine = run_json([sys.executable, "-m", "minfer_core.cli", "bench", "-m", model, "--batch", a.batched,
+                         "-p", "128", "-n", "128", "-o", "json"] + (["--row-tile", tile] if tile else []),
+                        a.timeout) or []
+        for r in mine:
+            b = r["B"]
+            lpp, ltg = ref.get(b, (0.0, 0.0))
+            ratio = f"{r['S_TG t/s'] / ltg:.2f}x" if ltg else "-"
+            rows.append(f"| {name} | {b} | {tile or 'default'} | {lpp:,.1f} | {r['S_PP t/s']:,.1f} | {ltg:,.1f} | "
+                        f"{r['S_TG t/s']:,.1f} | {ratio} |")
+    return rows
 
 
 if __name__ == "__main__":

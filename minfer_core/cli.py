@@ -100,17 +100,30 @@ def blocked_plugins(args) -> list[str]:
     return out
 
 
+_guarded = False  # True while a command runs: only then does Ctrl-C raise KeyboardInterrupt (cleanups run)
+
+
+def _on_sigint(signum, frame):
+    if _guarded:
+        raise KeyboardInterrupt
+    os.write(2, b"minfer: interrupted\n")
+    os._exit(130)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse and run one command; return the exit status (errors are printed, not raised)."""
+    global _guarded
     argv = sys.argv[1:] if argv is None else list(argv)
     verbose = "-v" in argv or "--verbose" in argv  # until the command line is parsed
     try:
-        args = build_parser().parse_args(argv)  # imports the commands (and torch): inside the try
+        args = build_parser().parse_args(argv)  # imports the commands (and torch): a Ctrl-C here exits at once
         verbose = args.verbose
+        _guarded = True
         status = int(args._run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
         return status
     except KeyboardInterrupt:
+        _guarded = False
         _report("minfer: interrupted", verbose)
         return 130
     except Terminated:
@@ -126,15 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         _report(f"minfer: internal error: {type(e).__name__}: {e}"
                 + ("" if verbose else " (run with -v for the traceback)"), verbose)
         return 1
+    finally:
+        _guarded = False
 
 
 def entry() -> None:
     """The ``minfer`` console script and ``python -m minfer_core.cli``: ``main`` in a process
     where a late Ctrl-C (while the interpreter shuts down) also ends quietly."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # main turns KeyboardInterrupt into one line
+    signal.signal(signal.SIGINT, _on_sigint)  # inside main a KeyboardInterrupt, outside it one line and 130
     signal.signal(signal.SIGTERM, _raise_terminated)
     status = main()
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
     sys.exit(status)
 
 
