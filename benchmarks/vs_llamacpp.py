@@ -30,10 +30,14 @@ def run_json(cmd: list[str], timeout: int) -> list | None:
         print(f"  exit {p.returncode}: {p.stderr.strip()[-400:]}", file=sys.stderr)
         return None
     try:
-        return json.loads(p.stdout)
-    except json.JSONDecodeError:  # jsonl (llama-batched-bench logs its lines; take them from either stream)
-        rows = [json.loads(ln) for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.startswith("{")]
-        return rows or None
+        data = json.loads(p.stdout)
+        if isinstance(data, list):
+            return data
+    except json.JSONDecodeError:
+        pass
+    # jsonl (llama-batched-bench logs its lines; take the objects from either stream)
+    rows = [json.loads(ln) for ln in (p.stdout + "\n" + p.stderr).splitlines() if ln.startswith("{")]
+    return [r for r in rows if isinstance(r, dict)] or None
 
 
 def test_name(n_prompt: int, n_gen: int, depth: int = 0) -> str:

@@ -204,7 +204,7 @@ def test_rope_kv_rows_at_scattered_pool_rows():
     """Per-token cache rows (a batch's pool slots, in no order): rotated k and v land in exactly
     those rows, as the reference's torch version puts them; every other row stays untouched."""
     from minfer_core.reference import rope_kv_rows as ref_rows
-    from minfer_mmq_triton.decode_fused import rope_kv_rows
+    from minfer_mmq_triton.ops.rope import rope_kv_rows
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(5)

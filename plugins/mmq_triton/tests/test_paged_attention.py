@@ -86,7 +86,7 @@ def test_paged_real_shapes_cuda(bsz):
 
 
 def test_offered_as_the_paged_decode_attention_phase():
-    from minfer_mmq_triton.attention import attention_candidates
+    from minfer_mmq_triton.ops.attention import attention_candidates
 
     (c,) = attention_candidates("paged_decode", None)
     assert c.label == "mmq.attn.paged" and isinstance(c.fn, PagedDecodeAttention)
