@@ -7,6 +7,7 @@ a new prompt that starts with the tokens already in the cache only prefills what
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,30 @@ def pick_device(name: str | None = None) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise UserError(f"device '{name}' is not supported (cpu, cuda, cuda:N)")
     return dev
+
+
+def free_memory(dev: torch.device) -> int:
+    """Bytes that can still be allocated on ``dev`` (the GPU's free memory, or MemAvailable)."""
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_kv_fits(path, cfg: ModelConfig, n_ctx: int, dev: torch.device, dtype: torch.dtype) -> None:
+    """A context whose K/V cache cannot be allocated is the user's to shrink, not an out-of-memory
+    crash (a file may claim a context of 2**31 tokens, and ``-c 0`` takes the file's)."""
+    need = 2 * cfg.n_layers * n_ctx * cfg.n_kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+    free = free_memory(dev)
+    if need > free:
+        raise UserError(f"{path}: a context of {n_ctx} tokens needs {need / 2**30:.1f} GiB of K/V cache, more than "
+                        f"the {free / 2**30:.1f} GiB free on {dev}: give a smaller -c")
 
 
 @dataclass
@@ -126,6 +151,8 @@ class Engine:
         except (ValueError, NotImplementedError) as e:  # e.g. an unknown pre-tokenizer
             raise ModelFileError(path, f"tokenizer: {e}") from None
         dev = pick_device(device)
+        check_kv_fits(path, cfg, min(n_ctx, cfg.ctx_len) if n_ctx > 0 else cfg.ctx_len, dev,
+                      torch.float16 if dev.type == "cuda" else torch.float32)  # before any weight moves
         pol = load_policy(policy)
         pm = get_plugin_manager(blocked=blocked, trace=trace_plugins)
         ctx = make_context(dev, pol, trace=trace_dispatch, gates=declared_gates(pm))

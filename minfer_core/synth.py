@@ -11,6 +11,7 @@ from __future__ import annotations
 import lzma
 import mmap
 import os
+import shutil
 import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT, GGUFValueType as VT, GGUFWriter
 from tqdm import tqdm
 
+from minfer_core.errors import UserError
 from minfer_core.gguf_file import GGUFHeader, ModelFileError, TensorInfo, map_file, parse_header
 from minfer_core.quants import QUANTS
 
@@ -54,6 +56,10 @@ def synthesize(template: Path, out: Path, seed: int = 0, progress: bool = True) 
     tensors = sorted(h.tensors, key=lambda t: t.offset)
     end = max((t.offset + t.n_bytes for t in tensors), default=0)  # parse_header refused overlaps
     total = h.data_offset + -(-end // h.alignment) * h.alignment
+    free = shutil.disk_usage(out.parent if out.parent.exists() else Path.cwd()).free
+    if total > free:
+        raise UserError(f"{out}: the template's tensors take {total / 2**30:.2f} GiB, more than the "
+                        f"{free / 2**30:.2f} GiB free there: free space or write elsewhere")
     tmp = out.with_name(out.name + ".part")
     workers = max(1, min(16, os.cpu_count() or 1))
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=out.name, file=sys.stderr,

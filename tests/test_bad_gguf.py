@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as QT, GGUFReader, GGUFValueType as VT
 from gguf_craft import Val, craft, nested_arrays, small_model
 from minfer_core import cli, gguf_header
 from minfer_core.engine import Engine
+from minfer_core.errors import UserError
 from minfer_core.gguf_file import ModelFileError, open_gguf
 from minfer_core.sampling import SamplerConfig
 
@@ -418,3 +419,18 @@ def test_fuzzed_headers(tmp_path, seed):
             assert all(0 <= t < engine.cfg.vocab_size for t in gen.tokens)
             outcomes["ran"] += 1
     assert outcomes["refused"] >= 10, outcomes  # the mutations do reach the checks
+
+
+def test_a_context_too_large_for_memory_is_one_line(tmp_path, monkeypatch):
+    """``-c 0`` takes the file's context length; a K/V cache that cannot fit is refused before the
+    weights load, naming the file and the flag to change."""
+    from test_config import build
+
+    from minfer_core import engine as eng
+
+    path = build(tmp_path)
+    monkeypatch.setattr(eng, "free_memory", lambda dev: 256 << 10)  # 256 KiB free: 512 tokens need 1 MiB, 4 need 8 KiB
+    with pytest.raises(UserError) as ei:
+        eng.Engine.load(path, backend="reference", device="cpu", n_ctx=0, progress=False)
+    assert str(path) in str(ei.value) and "-c" in str(ei.value)
+    assert eng.Engine.load(path, backend="reference", device="cpu", n_ctx=4, progress=False).model.n_ctx == 4

@@ -114,3 +114,19 @@ def test_command(tmp_path, capsys):
     bad = parser.parse_args(["synth", str(tmp_path / "nope.xz"), str(out)])
     with pytest.raises(ModelFileError, match="nope.xz: file not found"):
         synth_cmd.run(bad)
+
+
+def test_a_template_larger_than_the_free_disk_is_refused(tmp_path, monkeypatch):
+    """``minfer synth`` checks the size the tensor table claims against the free space first."""
+    import shutil
+    from collections import namedtuple
+
+    from minfer_core.errors import UserError
+    from minfer_core.synth import synthesize
+
+    layout = Path(__file__).resolve().parents[1] / "models" / "qwen2.5-coder-0.5b-q4_k_m.layout.gguf.xz"
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(UserError, match="free"):
+        synthesize(layout, tmp_path / "big.gguf", progress=False)
+    assert not list(tmp_path.iterdir())
