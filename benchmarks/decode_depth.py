@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from minfer_core.bench import _random_ids, _sync, run_test, time_gen
+from minfer_core.throughput import _random_ids, _sync, run_test, time_gen
 from minfer_core.engine import Engine
 
 

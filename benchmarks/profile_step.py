@@ -16,7 +16,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minfer_core.bench import _random_ids
+from minfer_core.throughput import _random_ids
 from minfer_core.engine import Engine
 
 

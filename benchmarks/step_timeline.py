@@ -20,7 +20,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minfer_core.bench import _random_ids
+from minfer_core.throughput import _random_ids
 from minfer_core.engine import Engine
 
 

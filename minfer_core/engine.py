@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .config import ModelConfig, config_from_gguf
+from .model_config import ModelConfig, config_from_gguf
 from .gates import declared_gates
 from .dispatch import Plan, build_plan, check_backend, make_context, wrap_decode_step, wrap_step
 from .errors import UserError

@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from tqdm import tqdm
 
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .gguf_file import GGUFFile, ModelFileError, TensorEntry
 from .weights import Weight
 

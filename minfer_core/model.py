@@ -12,7 +12,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
 from .reference import rmsnorm_rows as rmsnorm

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType as QT
 
-from minfer_core.chat import CHATML_TEMPLATE
+from minfer_core.chat_template import CHATML_TEMPLATE
 from minfer_core.synth import synthesize, tiny_layout, write_layout
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from minfer_core.bench import time_gen, time_prompt
+from minfer_core.throughput import time_gen, time_prompt
 from minfer_core.engine import Engine
 from test_cli import minfer
 from test_config import build

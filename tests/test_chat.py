@@ -9,7 +9,7 @@ from datetime import datetime
 import pytest
 from jinja2.exceptions import SecurityError, TemplateError
 
-from minfer_core.chat import CHATML_TEMPLATE, default_template_messages, render_chat
+from minfer_core.chat_template import CHATML_TEMPLATE, default_template_messages, render_chat
 from minfer_core.gguf_file import open_gguf
 from minfer_core.tokenizer import Tokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from minfer_core.config import config_from_gguf, expected_shapes
+from minfer_core.model_config import config_from_gguf, expected_shapes
 from minfer_core.gguf_file import ModelFileError, open_gguf
 from minfer_core.synth import synthesize, tiny_layout, write_layout
 

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from minfer_core.configs import applied, parse_config  # noqa: E402
+from minfer_core.run_configs import applied, parse_config  # noqa: E402
 from minfer_core.engine import Engine  # noqa: E402
 from minfer_mmq_triton.routes import GATES  # noqa: E402
 from test_kernels_e2e import device, tiny_model  # noqa: E402

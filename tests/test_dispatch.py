@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT, GGUFWriter
 
 from minfer_core.commands.gates import open_header
-from minfer_core.config import config_from_gguf
+from minfer_core.model_config import config_from_gguf
 from minfer_core.dispatch import BackendError, build_plan, make_context, wrap_decode_step
 from minfer_core.errors import UserError
 from minfer_core.gates import declared_gates

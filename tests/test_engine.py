@@ -11,7 +11,7 @@ import torch
 from minfer_core.engine import Engine
 from minfer_core.perplexity import perplexity
 from minfer_core.sampling import Sampler, SamplerConfig
-from minfer_core.session import ChatSession
+from minfer_core.chat_session import ChatSession
 
 GREEDY = SamplerConfig(temp=0)
 GPL3 = Path("/usr/share/common-licenses/GPL-3")

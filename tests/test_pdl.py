@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minfer_core.configs import applied, parse_config
+from minfer_core.run_configs import applied, parse_config
 from minfer_core.engine import Engine
 from test_kernels_e2e import tiny_model
 

@@ -7,7 +7,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from minfer_core.chat import CHATML_TEMPLATE, render_chat  # noqa: E402
+from minfer_core.chat_template import CHATML_TEMPLATE, render_chat  # noqa: E402
 from minfer_core.engine import Engine  # noqa: E402
 from minfer_core.sampling import SamplerConfig  # noqa: E402
 

@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as QT, quants as gq
 
 from minfer_core.commands import synth as synth_cmd
-from minfer_core.config import config_from_gguf
+from minfer_core.model_config import config_from_gguf
 from minfer_core.dequant import dequantize
 from minfer_core.gguf_file import ModelFileError, open_gguf
 from minfer_core.quants import SUPPORTED

@@ -43,9 +43,9 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..bench import gpu_memory, run_test
+    from ..throughput import gpu_memory, run_test
     from ..cli import blocked_plugins
-    from ..configs import load_under, parse_config, sweep
+    from ..run_configs import load_under, parse_config, sweep
     from ..gates import declared_gates
     from ..plugins import get_plugin_manager
     from ..fetch import resolve_model
@@ -131,8 +131,8 @@ def _markdown(rows: list[dict], memory: bool) -> None:
 
 def _run_batched(args, tests) -> int:
     from ..batch_engine import BatchEngine
-    from ..bench import batched_table, run_batched
-    from ..configs import load_under, parse_config
+    from ..throughput import batched_table, run_batched
+    from ..run_configs import load_under, parse_config
     from ..fetch import resolve_model
 
     batches = [b for b in args.batch if b > 0]

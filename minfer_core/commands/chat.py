@@ -23,7 +23,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..session import ChatSession
+    from ..chat_session import ChatSession
 
     sampling = sampler_config(args)
     engine = load_engine(args)

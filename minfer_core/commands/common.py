@@ -48,7 +48,7 @@ def check_ctx(args, path) -> None:
     """An explicit -c larger than the model's training context is refused (the default is clamped)."""
     if not args.ctx_size:
         return
-    from ..config import config_from_gguf
+    from ..model_config import config_from_gguf
     from ..gguf_file import open_gguf
 
     limit = config_from_gguf(open_gguf(path)).ctx_len

@@ -65,7 +65,7 @@ def run(args) -> int:
 
 
 def model_report(args, policy, pm, gates) -> dict:
-    from ..config import config_from_gguf
+    from ..model_config import config_from_gguf
     from ..engine import pick_device
     from ..fetch import resolve_model
     from ..loader import weights_from_file

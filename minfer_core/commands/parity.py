@@ -60,7 +60,7 @@ def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor,
 
 
 def run(args) -> int:
-    from ..configs import load_under, parse_config
+    from ..run_configs import load_under, parse_config
     from ..fetch import resolve_model
 
     if args.batch is not None:
@@ -107,7 +107,7 @@ def run(args) -> int:
 
 def _run_batched(args) -> int:
     from ..batch_engine import BatchEngine, Request
-    from ..configs import load_under, parse_config
+    from ..run_configs import load_under, parse_config
     from ..fetch import resolve_model
     from ..sampling import SamplerConfig
 

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..chat import render_chat
+from ..chat_template import render_chat
 from . import protocol as P
 from .metrics import Metrics
 from .runner import EngineRunner, Event, QueueFull, Request, Stream, UserError

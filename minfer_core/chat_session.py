@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .chat import compile_template, describe_template_error, render_chat
+from .chat_template import compile_template, describe_template_error, render_chat
 from .engine import Engine, Generation
 from .errors import UserError
 from .sampling import Sampler, SamplerConfig
