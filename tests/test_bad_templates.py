@@ -11,7 +11,7 @@ import time
 import pytest
 from jinja2.exceptions import SecurityError, TemplateSyntaxError, UndefinedError
 
-from minfer_core import chat
+from minfer_core import chat_template as chat
 from minfer_core.chat_template import TemplateLimitError, describe_template_error, render_chat
 from minfer_core.cli import main
 from test_config import build  # tiny synthesized models (tests/test_config.py)
