@@ -20,7 +20,7 @@ raw blocks, decoding the packed scales in the kernel.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from gguf import GGMLQuantizationType as QT
 

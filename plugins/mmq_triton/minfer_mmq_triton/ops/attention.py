@@ -86,30 +86,32 @@ def _attn_split_kernel(
 
 
 @triton.jit
-def _attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
-                         D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
-                         BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
-    """Head ``h``, dims ``c*DC ..``: weigh the splits that hold valid positions (CH at a time)."""
+def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
+                        H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
+                        BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
+    """Row ``r`` (sequence ``r // H``'s head ``r % H``), dims ``c*DC ..``: weigh the splits that hold
+    valid positions of that sequence (``nv_ptr[r // H]``), CH at a time, and normalize. Shared by the
+    single-sequence and the paged kernels, whose pass 1 lays out the partials the same way."""
     enter(PDL)
-    h = tl.program_id(0)
+    r = tl.program_id(0)
     dd = tl.program_id(1) * DC + tl.arange(0, DC)
-    nv = tl.load(nv_ptr)
+    nv = tl.load(nv_ptr + r // H)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     n_act = tl.cdiv(nv, share)  # splits past this one saw no position
     sp = tl.arange(0, NSPLIT)
-    m_all = tl.max(tl.load(m_ptr + h * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
+    m_all = tl.max(tl.load(m_ptr + r * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
     num = tl.zeros([DC], dtype=tl.float32)
     den = tl.zeros([CH], dtype=tl.float32)
     for c0 in range(0, n_act, CH):
         s = c0 + tl.arange(0, CH)
         smask = s < n_act
-        m = tl.load(m_ptr + h * NSPLIT + s, mask=smask, other=float("-inf"))
-        l = tl.load(l_ptr + h * NSPLIT + s, mask=smask, other=0.0)
+        m = tl.load(m_ptr + r * NSPLIT + s, mask=smask, other=float("-inf"))
+        l = tl.load(l_ptr + r * NSPLIT + s, mask=smask, other=0.0)
         w = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
-        o = tl.load(o_ptr + (h * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
+        o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
         num += tl.sum(w[:, None] * o, axis=0)
         den += w * l
-    tl.store(out_ptr + h * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
+    tl.store(out_ptr + r * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
 
 
 def n_splits(n_kv: int, device: torch.device) -> int:
@@ -163,9 +165,9 @@ class SplitKVAttention:
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
             BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
-        _attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, D=d, DP=dp, DC=dc, NSPLIT=nsplit,
-                                            BLOCK_S=self.block_s, CH=min(nsplit, self.ch), num_warps=4,
-                                            **launch_args(self.pdl))
+        attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, H=h, D=d, DP=dp, DC=dc,
+                                           NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
+                                           num_warps=4, **launch_args(self.pdl))
         return out
 
 

@@ -8,7 +8,7 @@ float32. Shapes alone fix both grids, so a step can be captured in a CUDA graph.
 The same two passes as the single-sequence kernel (:mod:`.attention`), with one more grid axis for
 the sequence: pass 1, grid ``(B * Hkv, NSPLIT)``, spreads each sequence's valid positions over its
 ``NSPLIT`` splits and reads each key row through the block table; pass 2, grid ``(B * H, DP / DC)``,
-combines a head's splits. ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
+combines a head's splits (the combine kernel of :mod:`.attention`, shared). ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
 result is the same bits whatever else is in the batch (batch invariance).
 """
 
@@ -21,6 +21,9 @@ import triton
 import triton.language as tl
 
 from minfer_core.weights import Candidate
+
+from ..launch.pdl import launch_args
+from .attention import attn_combine_kernel
 
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.paged"
@@ -75,32 +78,6 @@ def _paged_split_kernel(
     tl.store(l_ptr + part, l_i, mask=hmask)
 
 
-@triton.jit
-def _paged_combine_kernel(o_ptr, m_ptr, l_ptr, len_ptr, out_ptr,
-                          H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr,
-                          NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, CH: tl.constexpr):
-    """Row ``bh = b * H + h``, dims ``c*DC ..``: weigh the splits that hold valid positions."""
-    bh = tl.program_id(0)
-    dd = tl.program_id(1) * DC + tl.arange(0, DC)
-    nv = tl.load(len_ptr + bh // H)
-    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
-    n_act = tl.cdiv(nv, share)
-    sp = tl.arange(0, NSPLIT)
-    m_all = tl.max(tl.load(m_ptr + bh * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
-    num = tl.zeros([DC], dtype=tl.float32)
-    den = tl.zeros([CH], dtype=tl.float32)
-    for c0 in range(0, n_act, CH):
-        s = c0 + tl.arange(0, CH)
-        smask = s < n_act
-        m = tl.load(m_ptr + bh * NSPLIT + s, mask=smask, other=float("-inf"))
-        l = tl.load(l_ptr + bh * NSPLIT + s, mask=smask, other=0.0)
-        w = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
-        o = tl.load(o_ptr + (bh * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
-        num += tl.sum(w[:, None] * o, axis=0)
-        den += w * l
-    tl.store(out_ptr + bh * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
-
-
 class PagedDecodeAttention:
     """The batched decode attention callable; its partial-result scratch is kept per shape."""
 
@@ -137,9 +114,9 @@ class PagedDecodeAttention:
             LOG2E / math.sqrt(d), HKV=n_kv, REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
             PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps,
         )
-        _paged_combine_kernel[(bsz * h, dp // dc)](
+        attn_combine_kernel[(bsz * h, dp // dc)](
             o_part, m_part, l_part, lens, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
-            BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), num_warps=4,
+            BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), num_warps=4, **launch_args(False),
         )
         return out
 

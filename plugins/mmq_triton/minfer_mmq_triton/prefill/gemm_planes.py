@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from ..q4_k.plane import Q4KPlane
-from ..q6_k.plane import Q6KPlane
 from ..tiles import DEQUANT_TILES, fused_gemm_tile, use_fused  # noqa: F401  (use_fused: routes)
 
 
