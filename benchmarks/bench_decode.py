@@ -81,7 +81,7 @@ def copy_bandwidth() -> float:
 def bench_gemv(qt, n, k, sweep: bool, gen) -> dict:
     """One shape: every config (graph-timed over rotating weight copies) and torch bf16."""
     from minfer_core.dequant import dequantize
-    from minfer_mmq_triton import decode
+    from minfer_mmq_triton import decode, tiles
 
     ws = [make_weight(qt, n, k, gen, device=DEVICE)]
     nbytes = ws[0].raw.numel()
@@ -97,7 +97,7 @@ def bench_gemv(qt, n, k, sweep: bool, gen) -> dict:
         configs += SWEEP_K if qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else SWEEP_L
     rows, seen = [], set()
     for bn, bb, warps, deq, split in configs:
-        cfg = (bn, decode.pow2_divisor(nb, bb), warps, deq, split)
+        cfg = (bn, tiles.pow2_divisor(nb, bb), warps, deq, split)
         if cfg in seen or (bn > n and bn > 8):
             continue
         seen.add(cfg)

@@ -24,8 +24,9 @@ import torch
 import triton
 from gguf import GGMLQuantizationType as QT
 
+from minfer_core import linalg
 from minfer_core.dequant import dequantize
-from minfer_mmq_triton import planes
+from minfer_mmq_triton import planes, tiles
 from minfer_mmq_triton.families import SERVED
 from minfer_mmq_triton.launch import scratch
 from minfer_mmq_triton.ops import producers
@@ -175,7 +176,7 @@ def timings(ms, fused_cfgs, shapes):
                 flop = 2 * m * n * k
                 row = {}
                 if qt == QT.Q4_K:
-                    row["cublas"] = bench(lambda: scratch.mm_f32(a, w16[nxt()]))
+                    row["cublas"] = bench(lambda: linalg.mm_f32(a, w16[nxt()]))
                     row["cublas_bf16out"] = bench(lambda: torch.mm(a, w16[nxt()].t()))
                 row["jit"] = bench(lambda: scratch.jit_matmul(
                     a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(pls[nxt()], k, o, r0, r1)))
@@ -201,7 +202,7 @@ SHAPES_05B = {"qkv": (1152, 896, QT.Q5_0), "o": (896, 896, QT.Q5_0), "gate_up": 
 
 def routed(a, w, n, k, p, qt):
     """What the plugin's prefill callable does (routes._plane_fn / _raw_fn), for timing."""
-    if p is not None and gemm_planes.use_fused(a.shape[0], n, k):
+    if p is not None and tiles.use_fused(a.shape[0], n, k):
         return gemm_planes.gemm_fused(a, p, None)
     if p is not None:
         return scratch.jit_matmul(a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(p, k, o, r0, r1))
@@ -244,7 +245,7 @@ def final_timings(ms, tiny=False):
             for m in (ms if model == "7b" else ms[-2:]):
                 a = torch.randn(m, k, device=DEV).to(torch.bfloat16)
                 flop = 2 * m * n * k
-                row = {"cublas": bench(lambda: scratch.mm_f32(a, w16)),
+                row = {"cublas": bench(lambda: linalg.mm_f32(a, w16)),
                        "route": bench(lambda: routed(a, raws[it[0]], n, k, pls[nxt()], qt))}
                 if model == "7b" and k == l2k and m >= 512 and qt == QT.Q4_K:
                     for rows in (1536, 3072):
@@ -316,8 +317,8 @@ def main():
         bench = _cpu_time
     else:
         print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), flush=True)
-    scratch.probe(DEV)
-    log(out_dtype_mm=scratch._has_out_dtype(torch.device(DEV).type))
+    linalg.probe(DEV)
+    log(out_dtype_mm=linalg.has_out_dtype(torch.device(DEV).type))
     t0 = time.time()
     try:
         if not args.skip_check:

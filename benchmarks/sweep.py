@@ -65,10 +65,10 @@ def sweep_gemv(a) -> None:
         for bn, bb, w in grid:
             if bn * bb * 64 * 4 > 64 * 1024 or bb > nb:  # over 64 KiB of quant words per step, or empty steps
                 continue
-            split = min(a.max_split or tiles.INT8_MAX_SPLIT[qt], decode.auto_split(n, nb, bn, bb, nbytes))
+            split = min(a.max_split or tiles.INT8_MAX_SPLIT[qt], tiles.auto_split(n, nb, bn, bb, nbytes))
             cfgs.append((bn, bb, w, 2, split, 1))
             if role in ("qkv", "o") and w == 4 and qt == QT.Q4_K:
-                cfgs.append((bn, bb, w, 0, decode.auto_split(n, nb, bn, bb, nbytes)))
+                cfgs.append((bn, bb, w, 0, tiles.auto_split(n, nb, bn, bb, nbytes)))
         rows, seen = [], set()
         for cfg in cfgs:
             if cfg in seen:

@@ -48,7 +48,7 @@ from .families import INT8, KQUANTS, SERVED
 from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
 from .q6_k.plane import pack_q6k
-from .tiles import auto_split, decode_config, mma_config, pow2_divisor  # noqa: F401  (benchmarks, tests)
+from .tiles import decode_config
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15

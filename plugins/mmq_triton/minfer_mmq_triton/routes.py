@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
-from . import planes
+from . import planes, tiles
 from .families import INT8, SERVED
 
 PLUGIN = "mmq_triton"
@@ -160,8 +160,8 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
     r = route(weight, ctx)
     if r is None:
         return None
-    from .launch import scratch
-    scratch.probe(ctx.device)  # resolve the cuBLAS entry point now, not in the first forward
+    from minfer_core.linalg import probe
+    probe(ctx.device)  # resolve the cuBLAS entry point now, not in the first forward
     qt = QT(weight.qtype)
     name = qt.name.lower()
     if r == "w16":
@@ -201,7 +201,9 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
 # -- the callables ------------------------------------------------------------------------------
 
 def _w16_fn(weight: Weight):
-    from .launch.scratch import bf16_rows, mm_f32
+    from minfer_core.linalg import mm_f32
+
+    from .launch.scratch import bf16_rows
 
     def fn(act: Activation):
         return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias)
@@ -230,7 +232,7 @@ def _plane_fn(weight: Weight):
         plane = weight.planes.get(key)
         if plane is None:
             return jit_matmul(a, n, k, weight.bias, raw_fill)
-        if gemm_planes.use_fused(a.shape[0], n, k):
+        if tiles.use_fused(a.shape[0], n, k):
             return gemm_planes.gemm_fused(a, plane, weight.bias)
         return jit_matmul(a, n, k, weight.bias,
                           lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1))

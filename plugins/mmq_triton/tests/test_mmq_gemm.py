@@ -75,7 +75,7 @@ def test_prefill_candidate_small(qt, m, make_ctx):
 def test_plane_family_both_designs(qt, monkeypatch, make_ctx):
     """The fused GEMM and the just-in-time path agree with the oracle (forced each way)."""
     from minfer_core.weights import Activation
-    from minfer_mmq_triton.prefill import gemm_planes
+    from minfer_mmq_triton import tiles
 
     n, k, m = 48, 512, 17
     w = _weight(qt, n, k, seed=2)
@@ -83,7 +83,7 @@ def test_plane_family_both_designs(qt, monkeypatch, make_ctx):
     assert c.label == f"mmq.nb.{qt.name.lower()}" and c.reads == ("plane",)
     x = torch.randn(m, k, device=DEV)
     for fused in (False, True):
-        monkeypatch.setattr(gemm_planes, "use_fused", lambda m, n, k, f=fused: f)
+        monkeypatch.setattr(tiles, "use_fused", lambda m, n, k, f=fused: f)
         _check(c.fn(Activation(x)), x, w, n)
 
 
@@ -106,7 +106,7 @@ def test_jit_matmul_row_chunks(monkeypatch):
 @pytest.mark.parametrize("nk", [(1152, 896), (896, 4864), (4608, 3584), (3584, 18944)])
 def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):
     from minfer_core.weights import Activation
-    from minfer_mmq_triton.prefill import gemm_planes
+    from minfer_mmq_triton import tiles
 
     n, k = nk
     if k % 256 and qt in KQ:
@@ -120,6 +120,6 @@ def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):
         x = torch.randn(m, k, device=DEV)
         ref = x.double() @ wd.T + w.bias.double()
         for fused in (False, True) if qt in (QT.Q4_K, QT.Q6_K) else (False,):
-            monkeypatch.setattr(gemm_planes, "use_fused", lambda m, n, k, f=fused: f)
+            monkeypatch.setattr(tiles, "use_fused", lambda m, n, k, f=fused: f)
             fro, mx = rel_err(c.fn(Activation(x)), ref)
             assert fro < 1e-2 and mx < 2e-2, (m, fused, fro, mx)

@@ -12,8 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from minfer_core.linalg import has_out_dtype as _has_out_dtype  # noqa: F401  (benchmarks read it)
-from minfer_core.linalg import mm_f32, probe  # noqa: F401  (the shared bf16 -> f32 GEMM)
+from minfer_core.linalg import mm_f32
 from minfer_core.weights import Activation
 
 SCRATCH_MAX = 1 << 28  # bf16 elements

@@ -5,7 +5,7 @@ Two designs, picked per call by the row count and the weight shape (``tiles.use_
 * fused: one Triton GEMM loads nibble/scale tiles, dequantizes them in registers to bf16 and
   feeds ``tl.dot`` with fp32 accumulation; the weight is read once, nothing else is written.
 * just-in-time: a Triton kernel expands the planes into a transient bf16 scratch ``(N, K)``
-  (16-byte loads and stores), then cuBLAS multiplies (``launch.scratch.mm_f32``).
+  (16-byte loads and stores), then cuBLAS multiplies (``minfer_core.linalg.mm_f32``).
 
 The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins only for few
 rows of a wide weight (gate|up at M <= 64); narrow or K-long weights (qkv, o, down) tie or lose
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..q4_k.plane import Q4KPlane
-from ..tiles import DEQUANT_TILES, fused_gemm_tile, use_fused  # noqa: F401  (use_fused: routes)
+from ..tiles import DEQUANT_TILES, fused_gemm_tile
 
 
 # ---------------------------------------------------------------------------------------------
