@@ -270,6 +270,44 @@ def final_timings(ms, tiny=False):
         log(projection_final="0.5b", m=m, linear_ms=24 * per, attn_ms=24 * attn, tok_s=m / (24 * (per + attn)) * 1e3)
 
 
+SHAPES_SMALL_M = {"qkv": (4608, 3584, QT.Q4_K), "o": (3584, 3584, QT.Q4_K), "gate_up": (37888, 3584, QT.Q4_K),
+                  "down": (3584, 18944, QT.Q4_K), "down6": (3584, 18944, QT.Q6_K), "head6": (152064, 3584, QT.Q6_K)}
+
+
+def small_m(ms, tiny=False):
+    """Few rows (the batched engine's row tiles, short prompts): the fused GEMM under its split-K
+    choices and tile shapes, beside the just-in-time path, at the 7B shapes; the weight's bytes
+    over the time give its streaming rate."""
+    shapes = {k: (v[0] // 64, 512, v[2]) for k, v in SHAPES_SMALL_M.items()} if tiny else SHAPES_SMALL_M
+    for name, (n, k, qt) in shapes.items():
+        copies = min(6, max(2, int(2**30 // (n * k // 2)) + 1))
+        pls = [planes.BUILDERS[qt][1](random_raw(qt, n, k, DEV, i), k) for i in range(copies)]
+        it = [0]
+
+        def nxt():
+            it[0] = (it[0] + 1) % copies
+            return it[0]
+        span = 128 if qt == QT.Q4_K else 256
+        for m in ms:
+            a = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+            row = {"jit": bench(lambda: scratch.jit_matmul(
+                a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(pls[nxt()], k, o, r0, r1)))}
+            bm = tiles.fused_gemm_tile(m)[0]
+            for bn, warps in ((32, 4), (64, 4), (128, 4), (128, 8)):
+                auto = tiles.fused_split(n, k // span, bn)
+                for split in sorted({1, 2, 4, 8, 16, auto}):
+                    if split > 1 and k // span < 2 * split:
+                        continue
+                    cfg = (bm, bn, warps, 3, split)
+                    row[f"fused{cfg}" + ("*" if split == auto else "")] = bench(
+                        lambda: gemm_planes.gemm_fused(a, pls[nxt()], None, cfg))
+            best = min((t, p) for p, t in row.items() if p != "jit")
+            nbytes = pls[0].nbytes()
+            for p, t in row.items():
+                log(small=name, type=qt.name, m=m, path=p, ms=t, TBps=nbytes / t / 1e9)
+            log(small_best=name, m=m, jit_ms=row["jit"], best_ms=best[0], best=best[1], speedup=row["jit"] / best[0])
+
+
 def producer_timings(tiny: bool):
     e, f = (64, 128) if tiny else (3584, 18944)
     for m in (512, 3314):
@@ -306,6 +344,7 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="CPU interpreter smoke run of this script")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--small", action="store_true", help="only few-row shapes: fused split-K configs vs jit")
     ap.add_argument("--final", action="store_true", help="only the routed path vs cuBLAS (+ projection)")
     args = ap.parse_args()
     global DEV, bench
@@ -326,6 +365,9 @@ def main():
             correctness(args.tiny)
             producers_check(args.tiny)
         log(phase="checks_done", s=time.time() - t0)
+        if args.small:
+            small_m([16] if args.tiny else [16, 32, 64], args.tiny)
+            return
         if args.final:
             final_timings([16, 512] if args.tiny else [16, 64, 128, 512, 3314], args.tiny)
             producer_timings(args.tiny)

@@ -61,6 +61,9 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 FUSED_MAX_ROWS, FUSED_MIN_N_OVER_K = 64, 4
 #: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)).
 FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
+#: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
+#: few output tiles to fill the GPU at few rows.
+FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
 #: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K).
 DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
 
@@ -73,6 +76,18 @@ PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
 def use_fused(m: int, n: int, k: int) -> bool:
     """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T``."""
     return m <= FUSED_MAX_ROWS and n >= FUSED_MIN_N_OVER_K * k
+
+
+def fused_split(n: int, spans: int, bn: int) -> int:
+    """Split-K of the fused plane GEMM for a weight of ``n`` rows and ``spans`` K steps under
+    ``BLOCK_N = bn``: from the weight's shape alone (never the row count), so that a row gets the
+    same bits in a batch of any size. Doubles while the output tiles of one row block stay under
+    FUSED_PROGRAMS and each split keeps FUSED_MIN_SPANS steps."""
+    tiles_n, split = -(-n // bn), 1
+    while (split < FUSED_MAX_SPLIT and tiles_n * split * 2 <= FUSED_PROGRAMS
+           and spans // (split * 2) >= FUSED_MIN_SPANS):
+        split *= 2
+    return split
 
 
 def fused_gemm_tile(m: int) -> tuple[int, int, int, int]:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..q4_k.plane import Q4KPlane
-from ..tiles import DEQUANT_TILES, fused_gemm_tile
+from ..tiles import DEQUANT_TILES, fused_gemm_tile, fused_split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,20 +174,24 @@ def _mma(acc, a, w, DOT_F32: tl.constexpr):
 def _gemm_planes_kernel(
     # pointers: activation bf16 (M, K); plane tensors p0/p1/p2 (q4_K: qs, sc, dm; q6_K: ql, qh, sc);
     # bias f32 (N,) or dummy; output f32 (M, N)
-    a_ptr, p0_ptr, p1_ptr, p2_ptr, bias_ptr, c_ptr,
+    a_ptr, p0_ptr, p1_ptr, p2_ptr, bias_ptr, c_ptr, part_ptr, cnt_ptr,
     # sizes
     M, N, K,
     # strides (elements)
     stride_am, stride_p0, stride_p1, stride_p2, stride_cm,
     # meta
     WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
 
-    Each K step covers one span (128 values for q4_K, 256 for q6_K) as 64-wide dots.
+    Each K step covers one span (128 values for q4_K, 256 for q6_K) as 64-wide dots. Grid
+    (output tiles, SPLIT): split ``s`` sums its share of the spans; with SPLIT > 1 the partial
+    tiles meet in ``part`` and the program that arrives last adds them in the order s = 0, 1, ...
+    (the same bits whichever finished last; see ``launch.split``).
     """
     pid = tl.program_id(0)
+    s_id = tl.program_id(1)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     group = GROUP_M * grid_n
@@ -203,23 +207,42 @@ def _gemm_planes_kernel(
     rk = tl.arange(0, 64)
     a_row = a_ptr + rm[:, None] * stride_am + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    spans = K // 128 if WTYPE == 0 else K // 256
+    per = tl.cdiv(spans, SPLIT)
+    lo = s_id * per
+    hi = tl.minimum(lo + per, spans)
     if WTYPE == 0:
-        for t in range(0, K // 128):
+        for t in range(lo, hi):
             w_lo, w_hi = _q4k_span(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t)
             a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
             a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
             acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
             acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32)
     else:
-        for t in range(0, K // 256):
+        for t in range(lo, hi):
             for f in tl.static_range(4):
                 w = _q6k_run(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t, f)
                 a = tl.load(a_row + t * 256 + 64 * f, mask=mask_m[:, None], other=0.0)
                 acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=mask_n, other=0.0)[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
     c = c_ptr + rm[:, None] * stride_cm + rn[None, :]
-    tl.store(c, acc, mask=mask_m[:, None] & mask_n[None, :])
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=mask_n, other=0.0)[None, :]
+        tl.store(c, acc, mask=mask)
+    else:
+        part = part_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(part + s_id * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the arrival is counted
+        arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            tot = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+            for t in tl.static_range(1, SPLIT):
+                tot += tl.load(part + t * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(bias_ptr + rn, mask=mask_n, other=0.0)[None, :]
+            tl.store(c, tot, mask=mask)
+            tl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 
 
 def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 1024) -> int:
@@ -230,8 +253,28 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
     return stages
 
 
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def _scratch(kind: str, numel: int, device) -> torch.Tensor:
+    """Split-K partials (float32) or arrival counters (int32, zero between calls), shared by every
+    call of that size: kernels on one stream never overlap, and the counters return to zero."""
+    key = (kind, numel, str(device))
+    buf = _SCRATCH.get(key)
+    if buf is None:
+        buf = (torch.empty if kind == "part" else torch.zeros)(
+            numel, dtype=torch.float32 if kind == "part" else torch.int32, device=device)
+        _SCRATCH[key] = buf
+    return buf
+
+
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -> torch.Tensor:
-    """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``."""
+    """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
+
+    ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
+    bucket's tile (``tiles.fused_gemm_tile``) and the split ``tiles.fused_split`` picks from the
+    weight's shape alone, so a row's result never depends on how many rows came with it.
+    """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
     if isinstance(plane, Q4KPlane):
@@ -239,15 +282,21 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     else:
         p0, p1, p2, wtype = plane.ql, plane.qh, plane.sc, 1
     n = p0.shape[0]
+    span = 128 if wtype == 0 else 256
     c = torch.empty(m, n, dtype=torch.float32, device=a.device)
-    bm, bn, warps, stages = config or fused_gemm_tile(m)
-    stages = _fit_stages(bm, bn, 128 if wtype == 0 else 256, stages)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _gemm_planes_kernel[grid](
-        a, p0, p1, p2, bias if bias is not None else c, c,
+    bm, bn, warps, stages, *rest = config or fused_gemm_tile(m)
+    split = rest[0] if rest else fused_split(n, k // span, bn)
+    stages = _fit_stages(bm, bn, span, stages)
+    tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if split > 1:
+        part, cnt = _scratch("part", split * m * n, a.device), _scratch("cnt", tiles_mn, a.device)
+    else:
+        part, cnt = c, c
+    _gemm_planes_kernel[(tiles_mn, split)](
+        a, p0, p1, p2, bias if bias is not None else c, c, part, cnt,
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, num_warps=warps, num_stages=stages,
     )
     return c
