@@ -237,8 +237,8 @@ def _gemm_planes_kernel(
         arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT - 1:
             tot = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
-            for t in tl.static_range(1, SPLIT):
-                tot += tl.load(part + t * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            for r in tl.static_range(1, SPLIT):
+                tot += tl.load(part + r * M * N, mask=mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 tot += tl.load(bias_ptr + rn, mask=mask_n, other=0.0)[None, :]
             tl.store(c, tot, mask=mask)
