@@ -30,7 +30,7 @@ from minfer_mmq_triton import planes, tiles
 from minfer_mmq_triton.families import SERVED
 from minfer_mmq_triton.launch import scratch
 from minfer_mmq_triton.ops import producers
-from minfer_mmq_triton.prefill import dequant_raw as gemm_generic, gemm_int8, gemm_planes
+from minfer_mmq_triton.prefill import dequant_raw as gemm_generic, gemm_planes
 from minfer_mmq_triton.synth import random_raw
 
 DEQUANT_CFGS = [(32, 2, 4), (64, 2, 8), (16, 4, 4), (32, 4, 8), (64, 1, 4)]
@@ -275,8 +275,8 @@ SHAPES_SMALL_M = {"qkv": (4608, 3584, QT.Q4_K), "o": (3584, 3584, QT.Q4_K), "gat
 
 
 def small_m(ms, tiny=False):
-    """Few rows (the batched engine's steps, short prompts) at the 7B shapes: the int8 plane GEMM
-    and the fused bf16 GEMM under a few tiles and split-K choices, beside the just-in-time path;
+    """Few rows (the batched engine's steps, short prompts) at the 7B shapes: the fused GEMM under
+    a few tiles and split-K choices, beside the just-in-time path;
     the weight's bytes over the time give its streaming rate."""
     shapes = {k: (v[0] // 64, 512, v[2]) for k, v in SHAPES_SMALL_M.items()} if tiny else SHAPES_SMALL_M
     for name, (n, k, qt) in shapes.items():
@@ -293,23 +293,19 @@ def small_m(ms, tiny=False):
             a = x.to(torch.bfloat16)
             row = {"jit": bench(lambda: scratch.jit_matmul(
                 a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(pls[nxt()], k, o, r0, r1)))}
-            if m <= 64:
-                row["fused"] = bench(lambda: gemm_planes.gemm_fused(a, pls[nxt()], None))
-            bm, _, warps = tiles.int8_gemm_tile(m)
-            for bn in (32, 64, 128):
-                auto = tiles.int8_split(n, k // span, bn)
+            row["fused"] = bench(lambda: gemm_planes.gemm_fused(a, pls[nxt()], None))
+            bm = tiles.fused_gemm_tile(m)[0]
+            for bn, warps in ((32, 4), (64, 4), (128, 8)):
+                auto = tiles.fused_split(n, k // span, bn)
                 for split in sorted({max(1, auto // 2), auto, min(16, auto * 2)}):
-                    if split > 1 and k // span < 2 * split:
-                        continue
-                    cfg = (bm, bn, warps, split)
-                    row[f"int8{cfg}" + ("*" if split == auto else "")] = bench(
-                        lambda: gemm_int8.gemm_int8(x, pls[nxt()], None, cfg))
+                    cfg = (bm, bn, warps, 3, split)
+                    row[f"fused{cfg}" + ("*" if split == auto else "")] = bench(
+                        lambda: gemm_planes.gemm_fused(a, pls[nxt()], None, cfg))
             nbytes = pls[0].nbytes()
             for p, t in row.items():
                 log(small=name, type=qt.name, m=m, path=p, ms=t, TBps=nbytes / t / 1e9)
-            best = min((t, p) for p, t in row.items() if p.startswith("int8"))
-            log(small_best=name, m=m, jit=row["jit"], fused=row.get("fused", 0.0), int8=best[0], cfg=best[1],
-                default=[t for p, t in row.items() if p.endswith("*") and p.startswith(f"int8({bm}, 64,")])
+            best = min((t, p) for p, t in row.items() if p.startswith("fused("))
+            log(small_best=name, m=m, jit=row["jit"], fused=row["fused"], best=best[0], cfg=best[1])
 
 
 def producer_timings(tiny: bool):
@@ -348,7 +344,7 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="CPU interpreter smoke run of this script")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-check", action="store_true")
-    ap.add_argument("--small", action="store_true", help="only few-row shapes: fused split-K configs vs jit")
+    ap.add_argument("--small", action="store_true", help="only few-row shapes: the fused GEMM's tiles and splits vs jit")
     ap.add_argument("--final", action="store_true", help="only the routed path vs cuBLAS (+ projection)")
     args = ap.parse_args()
     global DEV, bench
@@ -370,7 +366,7 @@ def main():
             producers_check(args.tiny)
         log(phase="checks_done", s=time.time() - t0)
         if args.small:
-            small_m([16] if args.tiny else [1, 16, 64, 128], args.tiny)
+            small_m([16] if args.tiny else [16, 64], args.tiny)
             return
         if args.final:
             final_timings([16, 512] if args.tiny else [16, 64, 128, 512, 3314], args.tiny)

@@ -1,11 +1,13 @@
 """Where the GPU time of a prefill and of a decode step goes (kernel table from torch.profiler).
 
-    python benchmarks/profile_step.py MODEL.gguf [--pp 512] [--tokens 16] [--top 30]
+    python benchmarks/profile_step.py MODEL.gguf [--pp 512] [--tokens 16] [--top 30] [--batch B,..]
 
 Prints, for an eager prefill of ``--pp`` random tokens and for ``--tokens`` eager decode steps:
 wall time, the sum of GPU kernel time, and the kernels taking the most GPU time. Then the
 per-rep wall times of ``--reps`` prefills (to see whether the first ones run slower) and the
-decode step as the engine runs it (CUDA graph replay) per token.
+decode step as the engine runs it (CUDA graph replay) per token. With ``--batch``: for each B, the
+batched engine's decode step with B sequences of ``--pp`` tokens (wall per step, the host's share,
+and the kernel table).
 """
 
 from __future__ import annotations
@@ -36,6 +38,41 @@ def kernel_table(prof, top: int, per: int = 1) -> str:
     return "\n".join(out)
 
 
+def batched(eng, sizes: list[int], pp: int, top: int) -> None:
+    """The batched engine's decode-only steps at each batch size: wall, host time, kernels."""
+    from minfer_core.batch_engine import BatchEngine, Request
+    from minfer_core.sampling import SamplerConfig
+
+    steps = 12
+    per_seq = -(-(pp + 3 * steps + 8) // 16)
+    be = BatchEngine(eng, parallel=max(sizes), max_queue=max(sizes), n_blocks=max(sizes) * per_seq)
+    for b in sizes:
+        be.sched.step_tokens = b * pp
+        for i in range(b):
+            be.submit(Request(_random_ids(eng, pp, 10 + i), 3 * steps + 4, SamplerConfig(temp=0), ignore_eos=True))
+        be.step()  # the prompts
+        for _ in range(steps):  # warm-up: graph capture of this bucket
+            be.step()
+        torch.cuda.synchronize(eng.device)
+        t0 = time.perf_counter()
+        host = 0.0
+        for _ in range(steps):
+            h0 = time.perf_counter()
+            be.step()
+            host += time.perf_counter() - h0
+        torch.cuda.synchronize(eng.device)
+        wall = (time.perf_counter() - t0) / steps
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                be.step()
+            torch.cuda.synchronize(eng.device)
+        print(f"\n== batched decode step, B={b}: wall {wall * 1e3:.3f} ms ({b / wall:,.0f} tok/s), "
+              f"step() returned after {host / steps * 1e3:.3f} ms on the host")
+        print(kernel_table(prof, top, per=4))
+        while be.step():
+            pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -43,8 +80,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--batch", default="", help="batch sizes: profile the batched engine's decode step instead")
     a = ap.parse_args()
     eng = Engine.load(a.model, progress=False)
+    if a.batch:
+        batched(eng, [int(b) for b in a.batch.split(",")], min(a.pp, 128), a.top)
+        return
     dev = eng.device
     ids = _random_ids(eng, a.pp, 1)
 

@@ -219,19 +219,17 @@ def _raw_fill(weight: Weight):
 
 
 def _plane_fn(weight: Weight):
-    """Plane family: int8 dots for few rows, the fused GEMM for a few more, else expand + cuBLAS;
-    raw blocks when no plane was built (builder gate off, or a float16 overflow)."""
-    from .prefill import gemm_int8, gemm_planes
+    """Plane family: the fused GEMM for few rows, else expand + cuBLAS; raw blocks when no plane
+    was built (builder gate off, or a float16 overflow)."""
+    from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
     key = planes.BUILDERS[QT(weight.qtype)][0]
     raw_fill = _raw_fill(weight)
 
     def fn(act: Activation):
-        plane = weight.planes.get(key)
-        if plane is not None and act.rows <= tiles.INT8_MAX_ROWS:
-            return gemm_int8.gemm_int8(act.f32 if act.f32 is not None else act.plane, plane, weight.bias)
         a = bf16_rows(act)
+        plane = weight.planes.get(key)
         if plane is None:
             return jit_matmul(a, n, k, weight.bias, raw_fill)
         if tiles.use_fused(a.shape[0], n, k):

@@ -56,18 +56,15 @@ SPLIT_BELOW, TARGET_PROGRAMS, MAX_SPLIT = 512, 4096, 64
 MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 
 
-#: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows, and only weights with
-#: N >= FUSED_MIN_N_OVER_K * K; otherwise the planes are expanded to bf16 and cuBLAS multiplies.
-FUSED_MAX_ROWS, FUSED_MIN_N_OVER_K = 64, 4
+#: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows (with split-K it beats
+#: expand + cuBLAS there at every 7B shape, 1.1-3.3x); above, the planes are expanded to bf16 and
+#: cuBLAS multiplies.
+FUSED_MAX_ROWS = 64
 #: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)).
 FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
-#: The int8 plane GEMM (``prefill.gemm_int8``) serves up to INT8_MAX_ROWS rows; its tiles per row
-#: bucket ``(rows up to, (BLOCK_M, BLOCK_N, num_warps))``, split-K up to INT8_PROGRAMS programs.
-INT8_MAX_ROWS, INT8_PROGRAMS = 128, 264
-INT8_GEMM_TILES = ((16, (16, 64, 4)), (32, (32, 64, 4)), (64, (64, 64, 4)), (None, (128, 64, 8)))
 #: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K).
 DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
 
@@ -79,7 +76,7 @@ PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
 
 def use_fused(m: int, n: int, k: int) -> bool:
     """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T``."""
-    return m <= FUSED_MAX_ROWS and n >= FUSED_MIN_N_OVER_K * k
+    return m <= FUSED_MAX_ROWS
 
 
 def fused_split(n: int, spans: int, bn: int) -> int:
@@ -89,20 +86,6 @@ def fused_split(n: int, spans: int, bn: int) -> int:
     FUSED_PROGRAMS and each split keeps FUSED_MIN_SPANS steps."""
     tiles_n, split = -(-n // bn), 1
     while (split < FUSED_MAX_SPLIT and tiles_n * split * 2 <= FUSED_PROGRAMS
-           and spans // (split * 2) >= FUSED_MIN_SPANS):
-        split *= 2
-    return split
-
-
-def int8_gemm_tile(m: int) -> tuple[int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps)`` of the int8 plane GEMM for ``m`` rows."""
-    return next(tile for top, tile in INT8_GEMM_TILES if top is None or m <= top)
-
-
-def int8_split(n: int, spans: int, bn: int) -> int:
-    """Split-K of the int8 plane GEMM, from the weight's shape alone (as :func:`fused_split`)."""
-    tiles_n, split = -(-n // bn), 1
-    while (split < FUSED_MAX_SPLIT and tiles_n * split * 2 <= INT8_PROGRAMS
            and spans // (split * 2) >= FUSED_MIN_SPANS):
         split *= 2
     return split

@@ -143,22 +143,3 @@ def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):
             fro, mx = rel_err(c.fn(Activation(x)), ref)
             assert fro < 1e-2 and mx < 2e-2, (m, fused, fro, mx)
 
-
-@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
-def test_int8_gemm(qt):
-    """The int8 plane GEMM against the oracle (the activation's int8 rounding bounds the error as
-    bf16's does), with every split; a row's bits are the same alone, among others, and under
-    another row block."""
-    from minfer_mmq_triton import planes
-    from minfer_mmq_triton.prefill.gemm_int8 import gemm_int8
-
-    n, k = 40, 1536 if qt == QT.Q4_K else 1280
-    w = _weight(qt, n, k, seed=6)
-    plane = planes.BUILDERS[qt][1](w.raw, k)
-    x = torch.randn(19, k, device=DEV)
-    for split in (1, 2, 3):
-        y = gemm_int8(x, plane, w.bias, (16, 16, 4, split))
-        _check(y, x, w, n)
-        alone = gemm_int8(x[5:6], plane, w.bias, (16, 16, 4, split))
-        wide = gemm_int8(x, plane, w.bias, (32, 16, 4, split))
-        assert torch.equal(alone[0], y[5]) and torch.equal(wide, y), split
