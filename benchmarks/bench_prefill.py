@@ -297,10 +297,10 @@ def small_m(ms, tiny=False):
             bm = tiles.fused_gemm_tile(m)[0]
             for bn, warps in ((32, 4), (64, 4), (128, 8)):
                 auto = tiles.fused_split(n, k // span, bn)
-                for stages in (2, 4):
-                    for la in (0, 1):
-                        cfg = (bm, bn, warps, stages, auto, la)
-                        row[f"fused{cfg}"] = bench(lambda: gemm_planes.gemm_fused(a, pls[nxt()], None, cfg))
+                for split in sorted({max(1, auto // 2), auto, min(tiles.FUSED_MAX_SPLIT, auto * 2)}):
+                    cfg = (bm, bn, warps, 3, split)
+                    row[f"fused{cfg}" + ("*" if split == auto else "")] = bench(
+                        lambda: gemm_planes.gemm_fused(a, pls[nxt()], None, cfg))
             nbytes = pls[0].nbytes()
             for p, t in row.items():
                 log(small=name, type=qt.name, m=m, path=p, ms=t, TBps=nbytes / t / 1e9)

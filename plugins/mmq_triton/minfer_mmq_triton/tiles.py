@@ -65,8 +65,6 @@ FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4,
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
-#: The fused GEMM requests span t + 1's weight fields before span t's arithmetic.
-FUSED_LOOKAHEAD = 1
 #: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K).
 DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
 

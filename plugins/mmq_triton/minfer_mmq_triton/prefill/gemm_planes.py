@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..q4_k.plane import Q4KPlane
-from ..tiles import DEQUANT_TILES, FUSED_LOOKAHEAD, fused_gemm_tile, fused_split
+from ..tiles import DEQUANT_TILES, fused_gemm_tile, fused_split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,83 +39,49 @@ def _small_int(v, offset: tl.constexpr = 0.0):
 
 
 @triton.jit
-def _q4k_load(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, hi):
-    """The fields of span ``t`` (values ``128t .. 128t+127``) of rows ``rn``, as loaded (nothing
-    unless ``t < hi``): nibble bytes ``[BN, 2, 32]``, ``d`` / ``dmin`` ``[BN, 1, 1]``, and the
-    scale / min of the low (``4t + j``) and high (``4t + 2 + j``) sub-blocks ``[BN, 2, 1]``.
-    Offsets are built by multiplication so the compiler sees 64-byte aligned, contiguous rows
-    (16-byte loads)."""
+def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t):
+    """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``.
+
+    Tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value
+    ``128t + 64h + 32j + l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin``
+    at block ``t // 2``. Offsets are built by multiplication so the compiler sees 64-byte
+    aligned, contiguous rows (16-byte loads).
+    """
     j = tl.arange(0, 2)[None, :, None]
     l = tl.arange(0, 32)[None, None, :]
     r = rn[:, None, None]
-    m3 = mask_n[:, None, None] & ((r * 0 + t) < hi)
-    b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0)
+    m3 = mask_n[:, None, None]
+    b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
     sub = sc_ptr + r * stride_sc + (t * 4 + j) * 2
     dmp = dm_ptr + r * stride_dm + (t // 2) * 2
-    return (b, tl.load(dmp, mask=m3, other=0.0), tl.load(dmp + 1, mask=m3, other=0.0),
-            tl.load(sub, mask=m3, other=0), tl.load(sub + 1, mask=m3, other=0),
-            tl.load(sub + 4, mask=m3, other=0), tl.load(sub + 5, mask=m3, other=0))
-
-
-@triton.jit
-def _q4k_values(b, d, dmin, sc0, mn0, sc1, mn1):
-    """Loaded span fields (:func:`_q4k_load`) -> two float32 tiles ``[BN, 2, 32]``: tile ``h`` (0: low
-    nibbles, 1: high) element ``[r, j, l]`` is value ``128t + 64h + 32j + l``."""
-    b = b.to(tl.int32)
-    d = d.to(tl.float32)
-    dmin = dmin.to(tl.float32)
-    w_lo = _small_int(b & 0xF) * (d * sc0.to(tl.float32)) - dmin * mn0.to(tl.float32)
-    w_hi = _small_int(b >> 4) * (d * sc1.to(tl.float32)) - dmin * mn1.to(tl.float32)
+    d = tl.load(dmp, mask=m3, other=0.0).to(tl.float32)
+    dmin = tl.load(dmp + 1, mask=m3, other=0.0).to(tl.float32)
+    s0 = d * tl.load(sub, mask=m3, other=0).to(tl.float32)
+    m0 = dmin * tl.load(sub + 1, mask=m3, other=0).to(tl.float32)
+    s1 = d * tl.load(sub + 4, mask=m3, other=0).to(tl.float32)
+    m1 = dmin * tl.load(sub + 5, mask=m3, other=0).to(tl.float32)
+    w_lo = _small_int(b & 0xF) * s0 - m0
+    w_hi = _small_int(b >> 4) * s1 - m1
     return w_lo, w_hi
-
-
-@triton.jit
-def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t):
-    """Span ``t`` of rows ``rn`` as two float32 tiles ``[BN, 2, 32]`` (see :func:`_q4k_values`)."""
-    b, d, dmin, sc0, mn0, sc1, mn1 = _q4k_load(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc,
-                                               stride_dm, t, t + 1)
-    return _q4k_values(b, d, dmin, sc0, mn0, sc1, mn1)
-
-
-@triton.jit
-def _q6k_load(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc, t, hi):
-    """The fields of span ``t`` (values ``256t .. 256t+255``) of rows ``rn``, as loaded (nothing unless
-    ``t < hi``): the two nibble halves and the 2-bit plane ``[BN, 4, 16]`` each, and the scales of
-    run ``F`` (values ``256t + 64F ..``, sub-blocks ``16t + 4F + j``) ``[BN, 4, 1]`` for F = 0..3."""
-    j = tl.arange(0, 4)[None, :, None]
-    l = tl.arange(0, 16)[None, None, :]
-    r = rn[:, None, None]
-    m3 = mask_n[:, None, None] & ((r * 0 + t) < hi)
-    off = j * 16 + l
-    scp = sc_ptr + r * stride_sc + t * 16 + j
-    return (tl.load(ql_ptr + r * stride_ql + t * 128 + off, mask=m3, other=0),
-            tl.load(ql_ptr + r * stride_ql + t * 128 + 64 + off, mask=m3, other=0),
-            tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0),
-            tl.load(scp, mask=m3, other=0.0), tl.load(scp + 4, mask=m3, other=0.0),
-            tl.load(scp + 8, mask=m3, other=0.0), tl.load(scp + 12, mask=m3, other=0.0))
-
-
-@triton.jit
-def _q6k_values(lo, hi, sc, F: tl.constexpr):
-    """Run ``F`` of a loaded span (``lo``: nibble half ``F // 2``, ``sc``: its scales) as float32
-    ``[BN, 4, 16]``: element ``[r, j, l]`` is value ``256t + 64F + 16j + l``."""
-    q = ((lo.to(tl.int32) >> (4 * (F % 2))) & 0xF) | (((hi.to(tl.int32) >> (2 * F)) & 3) << 4)
-    return _small_int(q, 32.0) * sc.to(tl.float32)
 
 
 @triton.jit
 def _q6k_run(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc, t,
              F: tl.constexpr):
-    """Values ``256t + 64F .. 256t + 64F + 63`` of rows ``rn`` as float32 ``[BN, 4, 16]``."""
+    """Values ``256t + 64F .. 256t + 64F + 63`` of rows ``rn`` as float32 ``[BN, 4, 16]``.
+
+    Element ``[r, j, l]`` is value ``256t + 64F + 16j + l``; its scale is ``sc[16t + 4F + j]``.
+    """
     j = tl.arange(0, 4)[None, :, None]
     l = tl.arange(0, 16)[None, None, :]
     r = rn[:, None, None]
     m3 = mask_n[:, None, None]
     off = j * 16 + l
-    lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0)
-    hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0)
-    sc = tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + j, mask=m3, other=0.0)
-    return _q6k_values(lo, hi, sc, F)
+    lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0).to(tl.int32)
+    hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
+    sc = tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + j, mask=m3, other=0.0).to(tl.float32)
+    q = ((lo >> (4 * (F % 2))) & 0xF) | (((hi >> (2 * F)) & 3) << 4)
+    return _small_int(q, 32.0) * sc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +190,6 @@ def _gemm_planes_kernel(
     # meta
     WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-    LOOKAHEAD: tl.constexpr,
 ):
     """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
 
@@ -255,33 +220,16 @@ def _gemm_planes_kernel(
     lo = s_id * per
     hi = tl.minimum(lo + per, spans)
     if WTYPE == 0:
-        if LOOKAHEAD:  # span t + 1's fields are requested before span t's arithmetic
-            nxt = _q4k_load(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, lo, hi)
         for t in range(lo, hi):
-            if LOOKAHEAD:
-                cur = nxt
-                nxt = _q4k_load(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t + 1, hi)
-            else:
-                cur = _q4k_load(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t, hi)
-            b, d, dmin, sc0, mn0, sc1, mn1 = cur
-            w_lo, w_hi = _q4k_values(b, d, dmin, sc0, mn0, sc1, mn1)
+            w_lo, w_hi = _q4k_span(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t)
             a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
             a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
             acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
             acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32)
     else:
-        if LOOKAHEAD:
-            nxt = _q6k_load(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, lo, hi)
         for t in range(lo, hi):
-            if LOOKAHEAD:
-                cur = nxt
-                nxt = _q6k_load(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t + 1, hi)
-            else:
-                cur = _q6k_load(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t, hi)
-            lo0, lo1, hb, sc0, sc1, sc2, sc3 = cur
             for f in tl.static_range(4):
-                sc = sc0 if f == 0 else sc1 if f == 1 else sc2 if f == 2 else sc3
-                w = _q6k_values(lo0 if f < 2 else lo1, hb, sc, f)
+                w = _q6k_run(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t, f)
                 a = tl.load(a_row + t * 256 + 64 * f, mask=mask_m[:, None], other=0.0)
                 acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32)
     mask = mask_m[:, None] & mask_n[None, :]
@@ -331,7 +279,7 @@ def _scratch(kind: str, numel: int, device) -> torch.Tensor:
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
-    ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT[, LOOKAHEAD]])``; by default the row
+    ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
     bucket's tile (``tiles.fused_gemm_tile``) and the split ``tiles.fused_split`` picks from the
     weight's shape alone, so a row's result never depends on how many rows came with it.
     """
@@ -346,7 +294,6 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     c = torch.empty(m, n, dtype=torch.float32, device=a.device)
     bm, bn, warps, stages, *rest = config or fused_gemm_tile(m)
     split = rest[0] if rest else fused_split(n, k // span, bn)
-    lookahead = rest[1] if len(rest) > 1 else FUSED_LOOKAHEAD
     stages = _fit_stages(bm, bn, span, stages)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
@@ -358,6 +305,6 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, LOOKAHEAD=lookahead, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, num_warps=warps, num_stages=stages,
     )
     return c
