@@ -1,11 +1,12 @@
 """minfer beside llama.cpp on the same GGUF files, in one process run: one markdown table.
 
     python benchmarks/vs_llamacpp.py --models /tmp/7b.gguf /tmp/05b.gguf --llama-bin /tmp/llamacpp/b/bin \
-        [-p 512,3314] [-n 128] [-d 0,4096] [-r 3] [--batched 1,8,32,128] [--row-tile 64,128] > table.md
+        [-p 512,3314] [-n 128] [-d 0,4096] [-r 3] [--config default --config MINFER_MMQ=0]
+        [--batched 1,8,32,128] [--row-tile 64,128] > table.md
 
 For every model: ``minfer bench -o json --memory`` and ``llama-bench -o json -fa 1 -ngl 99`` with the
-same ``-p`` / ``-n`` / ``-d`` / ``-r``, one row per test with both figures and their ratio, and minfer's
-GPU memory; then, with ``--batched``, ``minfer bench --batch`` (once per ``--row-tile``) beside
+same ``-p`` / ``-n`` / ``-d`` / ``-r``, one row per test and minfer configuration (``--config``, as
+``minfer bench --config``) with both figures and their ratio, and minfer's GPU memory; then, with ``--batched``, ``minfer bench --batch`` (once per ``--row-tile``) beside
 ``llama-batched-bench -npp 128 -ntg 128 -npl``, one row per sequence count. Without ``--llama-bin`` (or
 when a binary is missing) the llama.cpp columns read "-". Progress goes to stderr.
 """
@@ -52,6 +53,7 @@ def main() -> int:
     ap.add_argument("-n", default="128")
     ap.add_argument("-d", default="0", help="cache depths (llama-bench -d)")
     ap.add_argument("-r", default="3")
+    ap.add_argument("--config", action="append", default=[], help="minfer configurations (minfer bench --config)")
     ap.add_argument("--batched", default="", help="sequence counts for minfer bench --batch / llama-batched-bench -npl")
     ap.add_argument("--row-tile", default="", help="minfer's batched row tiles to try, comma-separated (default: its own)")
     ap.add_argument("--timeout", type=int, default=400)
@@ -59,13 +61,14 @@ def main() -> int:
     lb = a.llama_bin / "llama-bench" if a.llama_bin else None
     lbb = a.llama_bin / "llama-batched-bench" if a.llama_bin else None
 
-    out = ["| model | test | llama.cpp t/s | minfer t/s | minfer / llama.cpp | minfer mem load / peak |",
-           "|---|---|---:|---:|---:|---:|"]
+    out = ["| model | test | config | llama.cpp t/s | minfer t/s | minfer / llama.cpp | minfer mem load / peak |",
+           "|---|---|---|---:|---:|---:|---:|"]
     batched = []
     for model in a.models:
         name = Path(model).name
         mine = run_json([sys.executable, "-m", "minfer_core.cli", "bench", "-m", model, "-p", a.p, "-n", a.n,
-                         "-d", a.d, "-r", a.r, "--memory", "-o", "json"], a.timeout) or []
+                         "-d", a.d, "-r", a.r, "--memory", "-o", "json"]
+                        + [x for c in a.config for x in ("--config", c)], a.timeout) or []
         ref = {}
         if lb and lb.exists():
             for r in run_json([str(lb), "-m", model, "-p", a.p, "-n", a.n, "-d", a.d, "-r", a.r, "-fa", "1",
@@ -74,7 +77,7 @@ def main() -> int:
         for r in mine:
             ours, theirs = r["avg_ts"], ref.get(r["test"])
             mem = f"{r['mem_load_gib']:.2f} / {r['mem_peak_gib']:.2f} GiB" if "mem_load_gib" in r else "-"
-            out.append(f"| {name} | {r['test']} | "
+            out.append(f"| {name} | {r['test']} | {r.get('config', 'default')} | "
                        + (f"{theirs[0]:,.1f} ± {theirs[1]:,.1f}" if theirs else "-")
                        + f" | {ours:,.1f} ± {r['stddev_ts']:,.1f} | "
                        + (f"{ours / theirs[0]:.2f}x" if theirs else "-") + f" | {mem} |")
