@@ -8,9 +8,9 @@ A request's greedy tokens do not depend on what else runs (see :mod:`minfer_core
 and :mod:`minfer_core.scheduler`); sampled tokens come from the request's own seeded generator.
 
 A step whose every sequence has one row (decode-only) runs from fixed shapes (entries padded to a
-bucket of 1..256 on a scratch block, :mod:`minfer_core.batch_inputs`), replayed from a CUDA graph
-per bucket on a GPU (:mod:`minfer_core.batch_graphs`); other steps run eagerly. Both give a row
-the same bits. Plain-greedy requests take one argmax over the step's rows; the others' logits come
+bucket of 1..256 on a scratch block, :mod:`minfer_core.batch_inputs`), through the wrapper of the
+plugin the policy's ``batch_step`` order ranks first (hook ``minfer_wrap_batch_step``; cuda_graphs
+replays a CUDA graph per bucket on a GPU); other steps run eagerly. Both give a row the same bits. Plain-greedy requests take one argmax over the step's rows; the others' logits come
 to the host in one copy for their own samplers.
 """
 
@@ -26,8 +26,8 @@ from typing import Callable, Optional, Sequence as Seq
 import torch
 
 from .batch_forward import decode_rows
-from .batch_graphs import DecodeGraphs
 from .batch_inputs import StepPacker
+from .dispatch import wrap_step
 from .engine import Engine, StopStream, log
 from .errors import UserError
 from .kv_pages import BlockPool
@@ -90,10 +90,12 @@ class BatchEngine:
         # one block past the pool's: the scratch block that padding entries write and read
         self.model.resize_cache((n_blocks + 1) * block_size)
         self.packer = StepPacker(block_size, scratch=n_blocks, max_blocks=-(-self.n_ctx // block_size))
-        if graphs is None:  # on where the single stream's steps are graphed (off: -p no:cuda_graphs)
-            graphs = self.model.device.type == "cuda" and "cuda_graphs" in engine.plan.decode_step_order
-        self.graphs = DecodeGraphs(self._decode_step, torch.from_numpy(self.packer.padding), self.model.device) \
-            if graphs and self.model.device.type == "cuda" else None
+        # the decode-only step as a plugin wraps it (None: eager; off with graphs=False or -p no:cuda_graphs)
+        self.batch_step: Optional[Callable] = None
+        if graphs is not False and engine.pm is not None:
+            padding = torch.from_numpy(self.packer.padding).to(self.model.device)
+            self.batch_step = wrap_step("batch_step", self._decode_step, engine.ctx, engine.pm, engine.plan,
+                                        padding=padding)
         self.pool = BlockPool(n_blocks, block_size)
         self.sched = Scheduler(self.pool, parallel=parallel, segment=segment, step_tokens=step_tokens)
         self._lock = threading.Lock()  # guards _incoming, _cancels, _draining and the counters
@@ -121,9 +123,10 @@ class BatchEngine:
         tiles of this many rows, padded, which is what makes a request's bits independent of the
         batch. It is fixed for the engine's life. Larger tiles read each weight fewer times in big
         steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
-        on small steps (B=8 computes 64 rows at the default). ``graphs``: decode-only steps as
-        CUDA graphs per bucket of 1..256 sequences (default: on a GPU unless the cuda_graphs
-        plugin is off)."""
+        on small steps (B=8 computes 64 rows at the default). ``graphs``: ``False`` runs every
+        step eagerly; otherwise decode-only steps go through the plugin the policy's
+        ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of 1..256
+        sequences, on a GPU unless the plugin is off)."""
         if parallel < 1 or max_queue < 0:
             raise UserError("--parallel must be at least 1 and the queue size at least 0")
         engine = Engine.load(path, n_ctx=n_ctx, **engine_load_kwargs)
@@ -232,7 +235,7 @@ class BatchEngine:
             dev = self.model.device
             if all(w.end - w.start == 1 for w in work):  # decode-only: one row per sequence
                 inputs = torch.from_numpy(self.packer.decode_only(work)).to(dev)
-                logits = (self.graphs or self._decode_step)(inputs)
+                logits = (self.batch_step or self._decode_step)(inputs)
                 sampled = [i for i, w in enumerate(work) if w.end == len(w.seq.tokens)]
                 logits = logits[:len(sampled)] if sampled == list(range(len(sampled))) else \
                     logits.index_select(0, torch.tensor(sampled, device=dev))

@@ -9,8 +9,9 @@ into one call per layer of the plan's ``paged_decode`` attention, whose entries 
 each prompt segment is one ``prefill`` attention call over its sequence's gathered blocks. A
 row's result is then the same bits whatever else the batch holds (batch invariance).
 
-:func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, for
-CUDA graphs (:mod:`minfer_core.batch_graphs`); it is :func:`forward_batch` on such a batch.
+:func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, so a
+plugin may capture it (hook ``minfer_wrap_batch_step``: cuda_graphs' CUDA graphs); it is
+:func:`forward_batch` on such a batch.
 Shapes: T rows, H query heads, Hkv KV heads, D head dim.
 """
 

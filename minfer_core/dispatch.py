@@ -30,7 +30,7 @@ PRODUCERS = ("rmsnorm", "swiglu")  # fused under fuse mode 1/2: hooks minfer_<ki
 PREPASS = "prepass"
 DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
 PREFILL_OPS = ("prefill_rope_kv",)  # multi-row fused ops: the prefill order, no gate
-STEPS = ("decode_step", "prefill_step")  # whole steps a plugin may wrap (minfer_wrap_<step>)
+STEPS = ("decode_step", "prefill_step", "batch_step")  # whole steps a plugin may wrap (minfer_wrap_<step>)
 
 
 class BackendError(UserError):
@@ -103,7 +103,8 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     choose_step_wrappers(ask, plan)
     ask.log(f"fuse mode {plan.fuse_mode}" + (f" ({plan.fuse_reason})" if plan.fuse_reason else "")
             + f"; a_transpose {plan.a_transpose}; decode step: {plan.decode_step_order or 'plain'}"
-            + f"; prefill step: {plan.prefill_step_order or 'plain'}")
+            + f"; prefill step: {plan.prefill_step_order or 'plain'}"
+            + f"; batch step: {plan.batch_step_order or 'plain'}")
     plan.notes += getattr(pm, "failures", [])
     return plan
 
@@ -219,13 +220,14 @@ def release_raw(weights: list[Weight], plan: Plan) -> int:
     return freed
 
 
-def wrap_step(work: str, step: Callable, ctx: LoadContext, pm, plan: Plan) -> Optional[Callable]:
+def wrap_step(work: str, step: Callable, ctx: LoadContext, pm, plan: Plan, **extra) -> Optional[Callable]:
     """``step`` as the first plugin in the plan's ``<work>_order`` wraps it; None if nobody does.
 
-    ``work`` is ``"decode_step"`` or ``"prefill_step"`` (hooks ``minfer_wrap_<work>``)."""
+    ``work`` is one of :data:`STEPS` (hooks ``minfer_wrap_<work>``); ``extra``: the hook's further
+    arguments (``padding`` for ``"batch_step"``)."""
     hook = f"minfer_wrap_{work}"
     for name in getattr(plan, f"{work}_order"):  # one that raises is passed over (a warning)
-        for _, wrapped in call_each(pm, hook, only=[name], step=step, ctx=ctx):
+        for _, wrapped in call_each(pm, hook, only=[name], step=step, ctx=ctx, **extra):
             if not callable(wrapped):
                 raise bad_return(name, hook, wrapped, "a callable with the step's signature, or None")
             getattr(pm, "log", lambda m: None)(f"{work.replace('_', ' ')} wrapped by {name}")

@@ -129,9 +129,10 @@ class StepInputs:
 
 class Engine:
     def __init__(self, path: Path, gf: GGUFFile, cfg: ModelConfig, tok: Tokenizer, model: Transformer,
-                 plan: Plan, step: Callable, ctx, load_s: float, prefill_step: Optional[Callable] = None):
+                 plan: Plan, step: Callable, ctx, load_s: float, prefill_step: Optional[Callable] = None, pm=None):
         self.path, self.gf, self.cfg, self.tok, self.model = path, gf, cfg, tok, model
         self.plan, self.step, self.ctx = plan, step, ctx
+        self.pm = pm  # the plugin manager the plan was built with (the batched engine wraps its step through it)
         self.prefill_step = prefill_step  # a plugin's wrapper of model.prefill_step, or None
         self.inputs = StepInputs(model.device)
         self.timings = Timings(load_s=load_s)
@@ -170,7 +171,7 @@ class Engine:
         prefill_step = wrap_step("prefill_step", model.prefill_step, ctx, pm, plan)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0, prefill_step)
+        return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0, prefill_step, pm)
 
     @property
     def n_params(self) -> int:

@@ -193,6 +193,22 @@ def minfer_wrap_prefill_step(step, ctx):
 
 
 @hookspec
+def minfer_wrap_batch_step(step, padding, ctx):
+    """Wrap the batched engine's decode-only step, e.g. to capture a CUDA graph per entry count.
+
+    Called once when a batched engine (``minfer serve``, ``bench --batch``) is built on a loaded
+    model. ``step(inputs)`` maps ``inputs`` ``(E, width)`` int64 on the device (one packed entry
+    per sequence, E one of a few bucket sizes) to logits ``(E, vocab)``, reading nothing on the
+    host. ``padding`` is one padding entry row, int64 ``(width,)`` on the device: a step of padding
+    entries only writes and reads a scratch block, so it may be run at any time (to warm up or
+    capture) without touching a real sequence. The caller reads the returned logits before the
+    next call, so they may be a static buffer the next call overwrites. Return a callable with the
+    same signature, or ``None`` to leave it alone. The plugin ranked first by the policy's
+    ``batch_step`` ordering is used; with none, every step runs eagerly.
+    """
+
+
+@hookspec
 def minfer_attention_candidates(phase, ctx):
     """Offer an attention kernel.
 

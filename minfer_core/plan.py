@@ -40,8 +40,10 @@ class Plan:
     # -- whole steps a plugin wraps
     decode_step: Optional[Candidate] = None
     prefill_step: Optional[Candidate] = None
+    batch_step: Optional[Candidate] = None  # the batched engine's decode-only step
     decode_step_order: list[str] = field(default_factory=list)
     prefill_step_order: list[str] = field(default_factory=list)
+    batch_step_order: list[str] = field(default_factory=list)
     # -- facts of this load
     applicable: dict[str, Optional[str]] = field(default_factory=dict)  # plugin -> None or why not
     tensors: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (class, qtype)
@@ -78,4 +80,5 @@ class Plan:
         out["prefill_ops"] = {k: c.label for k, c in self.prefill_ops.items()}
         out["decode_step"] = self.decode_step.label if self.decode_step else None
         out["prefill_step"] = self.prefill_step.label if self.prefill_step else None
+        out["batch_step"] = self.batch_step.label if self.batch_step else None
         return out

@@ -19,8 +19,8 @@ from .gates import NAME_RE
 from .strict_yaml import YamlRefusal, read_strict
 
 #: Classes of work the policy orders, in the order ``minfer gates`` shows them.
-WORK = ("prefill", "decode", "producer", "attention", "decode_step", "prefill_step")
-OPTIONAL_WORK = ("prefill_step",)  # may be left out of a policy file (then: nobody)
+WORK = ("prefill", "decode", "producer", "attention", "decode_step", "prefill_step", "batch_step")
+OPTIONAL_WORK = ("prefill_step", "batch_step")  # may be left out of a policy file (then: nobody)
 ENV_POLICY = "MINFER_POLICY"
 _PKG = Path(__file__).resolve().parent
 DEFAULT_PATHS = (_PKG.parent / "configs" / "gates.yaml", _PKG / "gates.yaml")

@@ -145,6 +145,23 @@ def test_wrapper_returning_a_non_callable_is_named(policy, plane_model):
         wrap_step("decode_step", lambda t, p: t, ctx, pm, plan)
 
 
+def test_batch_step_wrapper_returning_a_non_callable_is_named(policy, plane_model):
+    class BadGraphs:
+        NAME = "cuda_graphs"
+
+        @hookimpl
+        def minfer_wrap_batch_step(self, step, padding, ctx):
+            return "graph"
+
+    pm = manager(BadGraphs())
+    ctx = gpu_ctx(policy)
+    plan = build_plan(table_weights(plane_model), ctx, pm, policy, register=False)
+    assert plan.batch_step_order == ["cuda_graphs"] and plan.decode_step_order == []
+    with pytest.raises(PluginError, match=r"^plugin 'cuda_graphs' hook minfer_wrap_batch_step returned 'graph': "
+                                          r"expected a callable"):
+        wrap_step("batch_step", lambda inputs: inputs, ctx, pm, plan, padding=torch.zeros(4, dtype=torch.long))
+
+
 def test_wrapper_that_raises_leaves_the_step_plain(policy, plane_model, capsys):
     class Crashing:
         NAME = "cuda_graphs"
@@ -200,6 +217,7 @@ def test_gates_backend_without_model_is_checked(capsys):
     out = capsys.readouterr().out
     assert "--backend reference first:" in out and "  prefill      reference > " in out
     assert "  decode_step  cuda_graphs" in out  # the reference wraps no step: the order is unchanged
+    assert "  batch_step   cuda_graphs" in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU view")

@@ -1,7 +1,8 @@
 """The batched step's single rows through the paged decode attention, and the decode-only step on
 fixed shapes (what CUDA graphs capture), on the CPU: the reference backend's paged attention
 against float64 attention, the new path against the old per-sequence one, and the capturable
-decode-only step against the general step, bit for bit. GPU: graph replay against eager, and a
+decode-only step against the general step, bit for bit; the decode-only step going through the
+plugin the policy ranks first for ``batch_step``. GPU: cuda_graphs' replay against eager, and a
 request alone against the same request among 127 others on the real 0.5B model.
 
 Oracles: float64 softmax attention over each entry's gathered K/V; the old path (one prefill
@@ -12,18 +13,23 @@ for the same rows (the decode-only step must not change them).
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
 from minfer_core.batch_engine import BatchEngine, Request
-from minfer_core.batch_forward import decode_rows
+from minfer_core.batch_forward import bucket, decode_rows
 from minfer_core.engine import Engine
 from minfer_core.reference import attention_paged_decode, attention_prefill
 from minfer_core.sampling import SamplerConfig
 from minfer_core.synth import synthesize, tiny_layout, write_layout
 from minfer_core.weights import Candidate
+from test_plugins import install_fake
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GREEDY = SamplerConfig(temp=0)
 
@@ -118,7 +124,7 @@ def test_decode_only_step_equals_general_step_and_old_path_reference(tmp_path):
     eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
     assert eng.plan.attention["paged_decode"].label == "ref.attn.paged_decode"
     be, work = decoding(eng, [list(range(3, 3 + n)) for n in (5, 37, 20)])
-    assert be.graphs is None  # never on the CPU
+    assert be.batch_step is None  # cuda_graphs never wraps on the CPU
     check_decode_paths(be, work, 1e-5)
 
 
@@ -136,20 +142,80 @@ def test_decode_only_step_equals_general_step_and_old_path_mmq(tmp_path):
     assert eng.model.rt.counts["mmq.attn.paged"] > 0 and eng.model.rt.counts["mmq.pre.rope_kv"] > 0
 
 
+def test_decode_only_steps_go_through_the_batch_step_wrapper(tmp_path, monkeypatch):
+    """A plugin placed first in ``order.batch_step`` wraps the decode-only step once, at construction,
+    and gets the padding entry; every decode-only step then goes through its wrapper (E entries,
+    padded to a bucket with that padding row); ``graphs=False`` bypasses it."""
+    monkeypatch.delenv("MINFER_LOAD_PLUGINS", raising=False)
+    (tmp_path / "site").mkdir()
+    mod = install_fake(tmp_path / "site", monkeypatch, """
+        wraps, calls = [], []
+
+        @hookimpl
+        def minfer_wrap_batch_step(step, padding, ctx):
+            wraps.append(padding)
+
+            def wrapped(inputs):
+                calls.append(inputs.clone())
+                return step(inputs)
+
+            return wrapped
+    """, name="fakegraphs")
+    text = (ROOT / "configs" / "gates.yaml").read_text()
+    assert "  batch_step: [cuda_graphs]" in text
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text.replace("  batch_step: [cuda_graphs]", "  batch_step: [fakegraphs]"))
+    eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference", policy=str(policy))
+    assert eng.plan.batch_step_order == ["fakegraphs"] and eng.plan.decode_step is None
+    fake = sys.modules[mod]
+    assert fake.wraps == []  # the single-stream engine does not ask for it
+    prompts = [list(range(3, 3 + n)) for n in (5, 37, 20)]
+    tokens = {}
+    for graphs in (None, False):
+        be = BatchEngine(eng, parallel=3, max_queue=8, n_blocks=24, segment=32, step_tokens=128, graphs=graphs)
+        reqs = [Request(ids, 4, GREEDY, ignore_eos=True) for ids in prompts]
+        out = {r.id: [] for r in reqs}
+        for r in reqs:
+            r.on_event = lambda e: out[e.request_id].extend(e.token_ids)
+            be.submit(r)
+        n_calls = len(fake.calls)
+        while be.step():
+            pass
+        tokens[graphs] = [out[r.id] for r in reqs]
+        assert all(len(t) == 4 for t in tokens[graphs])
+        if graphs is False:
+            assert be.batch_step is None and len(fake.calls) == n_calls and len(fake.wraps) == 1
+            continue
+        assert len(fake.wraps) == 1 and be.batch_step is not None
+        padding = fake.wraps[0]
+        assert padding.dtype == torch.int64 and padding.shape == (be.packer.padding.shape[0],)
+        # token 0 at position 0 in the scratch block (the block past the pool's n_blocks)
+        assert padding[2].item() == 24 * be.block_size
+        assert fake.calls, "no decode-only step went through the wrapper"
+        real = []
+        for x in fake.calls:
+            n = int((x != padding).any(dim=1).sum())
+            assert x.shape == (bucket(n), padding.shape[0]) and (x[n:] == padding).all()
+            real.append(n)
+        assert 3 in real  # all three decoding at once: 3 entries and one padding entry
+    assert tokens[None] == tokens[False]
+
+
 # -- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 3, 8, 100])
 def test_gpu_graph_replay_equals_eager(synth_05b, n):
     be = BatchEngine.load(synth_05b, n_ctx=512, parallel=n, max_queue=n, progress=False)
-    assert be.graphs is not None
+    assert be.engine.plan.batch_step.plugin == "cuda_graphs"
+    graphs = be.batch_step.fn  # cuda_graphs' BatchGraphs
     g = torch.Generator().manual_seed(n)
     lengths = torch.randint(4, 200, (n,), generator=g).tolist()
     prompts = [torch.randint(0, 1000, (k,), generator=g).tolist() for k in lengths]
     be, work = decoding_gpu(be, prompts)
     inputs = torch.from_numpy(be.packer.decode_only(work)).to(be.model.device)
     eager = be._decode_step(inputs).clone()
-    graphed = be.graphs(inputs).clone()
-    assert inputs.shape[0] in be.graphs.graphs and not be.graphs.failed
+    graphed = be.batch_step(inputs).clone()
+    assert inputs.shape[0] in graphs.graphs and not graphs.failed
     assert torch.equal(graphed, eager)
     batch, _ = be.packer.mixed(work, be.model.device)
     assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile), eager[:n])
@@ -159,7 +225,13 @@ def test_gpu_graph_replay_equals_eager(synth_05b, n):
 @pytest.mark.cuda
 def test_gpu_graphs_off_without_the_cuda_graphs_plugin(synth_05b):
     be = BatchEngine.load(synth_05b, n_ctx=256, parallel=2, max_queue=2, blocked=("cuda_graphs",), progress=False)
-    assert be.graphs is None
+    assert be.batch_step is None and be.engine.plan.batch_step is None
+
+
+@pytest.mark.cuda
+def test_gpu_graphs_off_with_graphs_false(synth_05b):
+    be = BatchEngine.load(synth_05b, n_ctx=256, parallel=2, max_queue=2, graphs=False, progress=False)
+    assert be.batch_step is None and be.engine.plan.batch_step.plugin == "cuda_graphs"
 
 
 def decoding_gpu(be, prompts):
@@ -217,4 +289,4 @@ def test_gpu_alone_vs_among_127_others_bitwise(synth_05b, shared_prefix):
     assert all(torch.equal(a, b) for a, b in zip(logits[again.id], logits[alone.id]))
     assert (be.pool.hits > hits) == shared_prefix
     assert be.pool.n_free == be.pool.n_blocks
-    assert be.graphs.graphs and not be.graphs.failed
+    assert be.batch_step.fn.graphs and not be.batch_step.fn.failed

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QT, GGUFWriter
 
 from minfer_core.commands.gates import open_header
 from minfer_core.model_config import config_from_gguf
-from minfer_core.dispatch import BackendError, build_plan, make_context, wrap_decode_step
+from minfer_core.dispatch import BackendError, build_plan, make_context, wrap_decode_step, wrap_step
 from minfer_core.errors import UserError
 from minfer_core.gates import declared_gates
 from minfer_core.gguf_file import open_gguf
@@ -203,6 +203,13 @@ class GraphsStandIn:
     def minfer_wrap_decode_step(self, step, ctx):
         def wrapped(tokens, positions):
             return ("graph", step(tokens, positions))
+
+        return wrapped
+
+    @hookimpl
+    def minfer_wrap_batch_step(self, step, padding, ctx):
+        def wrapped(inputs):
+            return ("batch graph", padding, step(inputs))
 
         return wrapped
 
@@ -618,6 +625,39 @@ def test_decode_step_wrapped_by_policy_choice(policy, plane_model, tmp_path):
     pm = get_plugin_manager(allow="", blocked=["cuda_graphs"])
     plan = build_plan(ws, gpu_ctx(policy), pm, policy, register=False)
     assert plan.decode_step is None
+
+
+def test_batch_step_wrapped_by_policy_choice(policy, plane_model, tmp_path):
+    """The batched engine's step is ranked by ``order.batch_step`` like the decode step; the hook
+    receives the padding row; no listed wrapper, a blocked one, or a policy leaving the key out
+    (it is optional) leaves the step plain."""
+    ws = table_weights(plane_model)
+    step = lambda inputs: "logits"  # noqa: E731
+    padding = torch.arange(6)
+    pm = manager(*all_standins())
+    plan = build_plan(ws, gpu_ctx(policy), pm, policy, register=False)
+    assert plan.batch_step_order == ["cuda_graphs"] and plan.batch_step.plugin == "cuda_graphs"
+    assert plan.labels_by_class()["batch_step"] == "cuda_graphs.batch_step"
+    kind, got_padding, out = wrap_step("batch_step", step, gpu_ctx(policy), pm, plan, padding=padding)(None)
+    assert (kind, out) == ("batch graph", "logits") and got_padding is padding
+    for order in ([], ["reference"]):  # nobody, or only a plugin that wraps nothing
+        other = with_order(policy, tmp_path, batch_step=order)
+        plan = build_plan(ws, gpu_ctx(other), pm, other, register=False)
+        assert plan.batch_step is None and plan.batch_step_order == []
+        assert wrap_step("batch_step", step, gpu_ctx(other), pm, plan, padding=padding) is None
+    blocked = get_plugin_manager(allow="", blocked=["cuda_graphs"])
+    plan = build_plan(ws, gpu_ctx(policy), blocked, policy, register=False)
+    assert plan.batch_step is None and plan.decode_step is None and plan.batch_step_order == []
+    assert wrap_step("batch_step", step, gpu_ctx(policy), blocked, plan, padding=padding) is None
+    import yaml
+
+    data = yaml.safe_load(policy.path.read_text())
+    del data["order"]["batch_step"]
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data))
+    old = load_policy(tmp_path / "old.yaml", known_plugins=set(policy.plugins()))
+    assert old.order["batch_step"] == []
+    plan = build_plan(ws, gpu_ctx(old), pm, old, register=False)
+    assert plan.batch_step is None and plan.decode_step.plugin == "cuda_graphs"
 
 
 def test_trace_prints_hook_calls_and_winners(policy, mixed_model, capsys):

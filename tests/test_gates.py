@@ -153,7 +153,7 @@ def test_gates_json(capsys, monkeypatch):
     assert g["MINFER_MMQ_Q6K_EXP"]["group"] == "plane_builder" and g["MINFER_MMQ"]["labels"]
     assert g["MINFER_MMQ"]["kind"] == "switch" and g[FUSE_GATE]["kind"] == "mode"
     assert g["MINFER_MMQ"]["plugin"] == g["MINFER_PDL"]["plugin"] == "mmq_triton"
-    assert data["order"]["decode_step"] == ["cuda_graphs"]
+    assert data["order"]["decode_step"] == data["order"]["batch_step"] == ["cuda_graphs"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="shows the CPU-side view")
@@ -173,6 +173,8 @@ def test_gates_model_on_cpu_shows_model_and_hardware(capsys, monkeypatch, qwen_p
     _, text, _ = gates_cli(capsys, "-m", str(qwen_path))
     assert "the model allows fuse mode 1 (mode 2 degraded to 1: blk.0.attn_q is Q5_0" in text
     assert "here (cpu): fuse mode 0 (fused producers off: mmq_triton cannot run here: " in text
+    assert m["kernels"]["decode_step"] is m["kernels"]["batch_step"] is None  # cuda_graphs needs a GPU
+    assert "  decode step: plain (not wrapped)\n" in text and "  batch step: plain (not wrapped)\n" in text
 
 
 def test_gates_model_7b_layout_allows_mode_2(capsys, monkeypatch):

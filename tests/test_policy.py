@@ -38,6 +38,7 @@ def test_shipped_default(data):
     assert list(pol.defaults) == ["mmq_triton"] and list(pol.order) == list(WORK)
     assert set(pol.defaults["mmq_triton"]) == set(GATES + PLANE_BUILDERS + DECODE_SWITCHES)
     assert pol.order["prefill"][0] == "mmq_triton" and pol.order["decode_step"] == ["cuda_graphs"]
+    assert pol.order["prefill_step"] == pol.order["batch_step"] == ["cuda_graphs"]
     table = gate_table()
     resolved = resolve_gates(pol, table, {})  # the placements match the declarations
     assert {g: v.source for g, v in resolved.items()} == {g: "default" for g in table}
@@ -89,6 +90,8 @@ CASES = [
     ("order.prefill", ["mmq_triton", "nosuch"], "order.prefill", "unknown plugin 'nosuch'"),
     ("order.decode", ["f16_wmma", "f16_wmma"], "order.decode", "plugin 'f16_wmma' is listed twice"),
     ("order.attention", DELETE, "order.attention", "missing"),
+    ("order.batch_step", ["cuda_graphs", "nosuch"], "order.batch_step", "unknown plugin 'nosuch'"),
+    ("order.batch_step", "cuda_graphs", "order.batch_step", "expected a list of plugin names"),
     ("order.everything", ["reference"], "order.everything", "unknown key"),
     ("order", ["mmq_triton"], "order", "expected a mapping, got list"),
     ("version", 2, "version", "unsupported version 2"),
@@ -131,6 +134,14 @@ def test_placement_errors(tmp_path, data, dotted, value, key, problem):
         resolve_gates(policy, gate_table(), {}, loaded={"mmq_triton", "f16_wmma"})
     msg = str(e.value)
     assert msg.startswith(f"{path}: {key}: ") and problem in msg and "\n" not in msg, msg
+
+
+def test_optional_step_orders_may_be_left_out(tmp_path, data):
+    """A policy written before ``prefill_step`` / ``batch_step`` existed still loads: nobody wraps them."""
+    mine = copy.deepcopy(data)
+    del mine["order"]["prefill_step"], mine["order"]["batch_step"]
+    pol = load_policy(write(tmp_path, mine), known_plugins=KNOWN)
+    assert pol.order["prefill_step"] == pol.order["batch_step"] == [] and pol.order["decode_step"] == ["cuda_graphs"]
 
 
 def test_placement_of_a_plugin_not_loaded_is_not_in_force(tmp_path, data):

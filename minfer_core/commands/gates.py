@@ -142,6 +142,7 @@ def render(r: dict) -> str:
         lines.append("  attention: " + ", ".join(f"{a} {b}" for a, b in k["attention"].items()))
         lines.append(f"  decode step: {k['decode_step'] or 'plain (not wrapped)'}")
         lines.append(f"  prefill step: {k['prefill_step'] or 'plain (not wrapped)'}")
+        lines.append(f"  batch step: {k['batch_step'] or 'plain (not wrapped)'}")
         lines += [f"  note: {n}" for n in m["notes"]]
     return "\n".join(lines)
 
