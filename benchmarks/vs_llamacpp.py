@@ -63,8 +63,10 @@ def main() -> int:
 
     out = ["| model | test | config | llama.cpp t/s | minfer t/s | minfer / llama.cpp | minfer mem load / peak |",
            "|---|---|---|---:|---:|---:|---:|"]
+    print("\n".join(out), flush=True)  # rows follow as each model finishes (a cut-off run keeps them)
     batched = []
     for model in a.models:
+        out = []
         name = Path(model).name
         mine = run_json([sys.executable, "-m", "minfer_core.cli", "bench", "-m", model, "-p", a.p, "-n", a.n,
                          "-d", a.d, "-r", a.r, "--memory", "-o", "json"]
@@ -81,14 +83,13 @@ def main() -> int:
                        + (f"{theirs[0]:,.1f} ± {theirs[1]:,.1f}" if theirs else "-")
                        + f" | {ours:,.1f} ± {r['stddev_ts']:,.1f} | "
                        + (f"{ours / theirs[0]:.2f}x" if theirs else "-") + f" | {mem} |")
+        print("\n".join(out), flush=True)
         if a.batched:
-            batched += batched_rows(a, name, model, lbb)
-    print("\n".join(out))
-    if batched:
-        print("\nBatched decode (-p 128 -n 128 per sequence; llama-batched-bench -npp 128 -ntg 128):\n")
-        print("| model | B | minfer row tile | llama.cpp S_PP | minfer S_PP | llama.cpp S_TG | minfer S_TG | S_TG ratio |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        print("\n".join(batched))
+            batched.append(batched_rows(a, name, model, lbb))
+            print(f"\n{name}, batched (-p 128 -n 128 per sequence; llama-batched-bench -npp 128 -ntg 128):\n")
+            print("| model | B | minfer row tile | llama.cpp S_PP | minfer S_PP | llama.cpp S_TG | minfer S_TG | S_TG ratio |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|")
+            print("\n".join(batched[-1]) + "\n", flush=True)
     return 0
 
 
