@@ -1,7 +1,7 @@
 """Prefill matmul benchmark + GPU correctness sweep for the mmq_triton kernels (one device call).
 
 Usage (GPU machine, repo root on PYTHONPATH with plugins/mmq_triton):
-    python benchmarks/bench_prefill.py [--quick] [--out DIR]
+    python benchmarks/bench_prefill.py [--final | --small] [--skip-check] [--out DIR]
 
 1. correctness: every served type x real (N, K) layouts x M in {16, 17, 100, 3314}, both designs,
    against minfer_core.dequant (checked bit-exact against gguf.quants on a slice) + float64 GEMM;
@@ -9,6 +9,8 @@ Usage (GPU machine, repo root on PYTHONPATH with plugins/mmq_triton):
    cuBLAS bf16 on a ready bf16 weight (the ceiling), just-in-time dequant + cuBLAS, the fused
    Triton GEMM (a few tile configs), the dequant kernels alone, the producers;
 3. a per-layer projection of 7B prefill tok/s from the best path per M.
+``--final``: only the routed path against cuBLAS; ``--small``: only 16 and 64 rows, the fused GEMM's
+tiles and split-K choices against the just-in-time path.
 Weights rotate among copies so that no timing runs out of L2.
 """
 

@@ -56,9 +56,9 @@ SPLIT_BELOW, TARGET_PROGRAMS, MAX_SPLIT = 512, 4096, 64
 MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 
 
-#: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows (with split-K it beats
-#: expand + cuBLAS there at every 7B shape, 1.1-3.3x); above, the planes are expanded to bf16 and
-#: cuBLAS multiplies.
+#: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows (with split-K it beat
+#: expand + cuBLAS there at every 7B shape, 1.1-3.1x, ``bench_prefill.py --small``); above, the planes
+#: are expanded to bf16 and cuBLAS multiplies.
 FUSED_MAX_ROWS = 64
 #: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)).
 FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
