@@ -7,9 +7,10 @@ Two designs, picked per call by the row count and the weight shape (``tiles.use_
 * just-in-time: a Triton kernel expands the planes into a transient bf16 scratch ``(N, K)``
   (16-byte loads and stores), then cuBLAS multiplies (``minfer_core.linalg.mm_f32``).
 
-The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins only for few
-rows of a wide weight (gate|up at M <= 64); narrow or K-long weights (qkv, o, down) tie or lose
-because too few programs stream the weight (``benchmarks/bench_prefill.py`` measures both).
+The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins for few rows
+(M <= 64): narrow or K-long weights (qkv, o, down) give few output tiles there, so it splits K
+(``tiles.fused_split``, from the weight's shape alone) and the last program of a tile adds the
+partials in split order (``benchmarks/bench_prefill.py --small`` measures both designs).
 
 Value decoding (shared by both): q4_K ``w = (d sc) q - (dmin m)`` with ``(sc, m)`` per 32 values
 and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
