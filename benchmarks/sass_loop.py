@@ -1,11 +1,15 @@
-"""Inner-loop size of the int8 decode GEMVs, compiled for sm_90 on any machine (no GPU needed).
+"""Inner-loop size of mmq_triton kernels, compiled for sm_90 on any machine (no GPU needed).
 
     python benchmarks/sass_loop.py [--n 37888 --nt 28] [--configs 8,4,4 16,2,2 ...]
+    python benchmarks/sass_loop.py --fused [--configs 16,32,4 64,64,4 ...] [--q6]
 
-For each ``BN,S,num_warps`` (q4_K plane kernel; S = 128-value spans per step) prints the instructions
-in the main loop's body, its global loads and dp4a instructions, registers per thread, and
-instructions per weight byte per thread. The kernel is specialized the way Triton specializes it at
-a launch (pointers and sizes divisible by 16 marked so), with ptxas and cuobjdump from the triton wheel.
+Default, the q4_K int8 decode GEMV: for each ``BN,S,num_warps`` (S = 128-value spans per step) the
+instructions in the main loop's body, its global loads and dp4a instructions, registers per thread,
+and instructions per weight byte per thread. ``--fused``: the fused plane GEMM (prefill and the
+batched engine's row tiles) for each ``BLOCK_M,BLOCK_N,num_warps``: instructions, global loads and
+tensor-core MMAs per K step (one span: 128 values of q4_K, 256 of q6_K), and instructions per weight
+per thread. The kernel is specialized the way Triton specializes it at a launch (pointers and sizes
+divisible by 16 marked so), with ptxas and cuobjdump from the triton wheel.
 """
 
 from __future__ import annotations
@@ -19,20 +23,22 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
+from minfer_mmq_triton.prefill import gemm_planes
 from minfer_mmq_triton.q4_k import gemv as q4k_gemv
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 INT_PTRS = {"qw_ptr", "sc_ptr", "dm_ptr", "xh_ptr", "xl_ptr", "cnt_ptr"}
 
 
-def compile_sass(fn, consts: dict, sizes: dict, warps: int) -> tuple[str, int]:
+def compile_sass(fn, consts: dict, sizes: dict, warps: int, ptr_types: dict | None = None) -> tuple[str, int]:
+    """SASS and registers per thread; pointers are ``*i32`` (INT_PTRS), ``ptr_types[name]``, else ``*fp32``."""
     names = list(inspect.signature(fn.fn).parameters)
     sig = {}
     for n in names:
         if n in consts:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = "*i32" if n in INT_PTRS else "*fp32"
+            sig[n] = (ptr_types or {}).get(n) or ("*i32" if n in INT_PTRS else "*fp32")
         else:
             sig[n] = "i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
@@ -58,12 +64,37 @@ def loop_body(sass: str) -> list[str]:
     return []
 
 
+def fused(configs: list[str], q6: bool) -> None:
+    """The fused plane GEMM's K-step loop per ``BLOCK_M,BLOCK_N,num_warps`` (q4_K, or q6_K)."""
+    ptrs = {"a_ptr": "*bf16", "p0_ptr": "*u8", "p1_ptr": "*u8", "p2_ptr": "*fp16", "cnt_ptr": "*i32"}
+    if q6:
+        ptrs["p2_ptr"] = "*fp16"
+    span = 256 if q6 else 128
+    for cfg in configs:
+        bm, bn, warps = (int(v) for v in cfg.split(","))
+        consts = dict(WTYPE=int(q6), HAS_BIAS=False, DOT_F32=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=1)
+        sizes = dict(M=bm, N=37888, K=3584, stride_am=3584, stride_p0=1792, stride_p1=224, stride_p2=28,
+                     stride_cm=37888)  # the 7B's gate|up at a full row tile: every size a multiple of 16
+        sass, regs = compile_sass(gemm_planes._gemm_planes_kernel, consts, sizes, warps, ptrs)
+        body = loop_body(sass)
+        weights = bn * span / (warps * 32)  # weights per thread per K step
+        print(f"fused {'q6_K' if q6 else 'q4_K'} BLOCK_M={bm} BLOCK_N={bn} warps={warps}: {len(body)} instructions "
+              f"per K step ({weights:.0f} weights a thread), {sum('LDG' in x for x in body)} LDG, "
+              f"{sum('MMA' in x for x in body)} MMA, {regs} registers, {len(body) / weights:.1f} instructions per weight")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=37888, help="rows (default: the 7B's gate|up)")
     ap.add_argument("--nt", type=int, default=28, help="128-value spans per row (K / 128)")
-    ap.add_argument("--configs", nargs="+", default=["8,4,4", "16,2,2", "16,4,4", "32,4,4"])
+    ap.add_argument("--configs", nargs="+", default=None,
+                    help="GEMV: BN,S,num_warps (default 8,4,4 16,2,2 16,4,4 32,4,4); --fused: BLOCK_M,BLOCK_N,num_warps")
+    ap.add_argument("--fused", action="store_true", help="the fused plane GEMM instead of the int8 GEMV")
+    ap.add_argument("--q6", action="store_true", help="with --fused: the q6_K kernel")
     args = ap.parse_args()
+    if args.fused:
+        return fused(args.configs or ["16,32,4", "16,64,4", "64,64,4"], args.q6)
+    args.configs = args.configs or ["8,4,4", "16,2,2", "16,4,4", "32,4,4"]
     sizes = dict(N=args.n, NT=args.nt, stride_ym=args.n, stride_bm=args.n)
     for cfg in args.configs:
         bn, s, warps = (int(v) for v in cfg.split(","))
