@@ -267,7 +267,10 @@ _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 def _scratch(kind: str, numel: int, device) -> torch.Tensor:
     """Split-K partials (float32) or arrival counters (int32, zero between calls), shared by every
-    call of that size: kernels on one stream never overlap, and the counters return to zero."""
+    call whose size rounds up to the same power of two (so a few buffers serve every row count):
+    kernels on one stream never overlap, and the counters return to zero. Buffers are never freed,
+    as a captured CUDA graph may hold their addresses."""
+    numel = 1 << max(0, numel - 1).bit_length()
     key = (kind, numel, str(device))
     buf = _SCRATCH.get(key)
     if buf is None:
