@@ -21,7 +21,7 @@ from typing import Any, Hashable, Optional
 from .kv_pages import ROOT, BlockPool, block_key
 
 
-@dataclass(eq=False)  # identity: membership tests must not compare token lists (O(B^2 x length) a step)
+@dataclass(eq=False)  # identity: `in self.running` must not run a field-by-field __eq__ (B^2 calls a step)
 class Sequence:
     id: str
     tokens: list[int]  # prompt, then generated tokens
