@@ -40,6 +40,24 @@ SHAPES_7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "
 LOG: list[dict] = []
 
 
+def bf16_copies(n: int, k: int) -> int:
+    """Copies of an (n, k) weight to rotate through: ~2 GB of bf16 in all (2 to 6), so no timing
+    reads it from L2."""
+    return min(6, max(2, int(4 * 2**28 // (n * k)) + 1))
+
+
+class Rotation:
+    """``nxt()``: the indices 0 .. n-1 in turn (``nxt.i`` the current one), so that each timed call
+    reads the next copy of a weight."""
+
+    def __init__(self, n: int):
+        self.n, self.i = n, 0
+
+    def __call__(self) -> int:
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+
 def log(**kw):
     LOG.append(kw)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items()), flush=True)
@@ -147,19 +165,14 @@ def timings(ms, fused_cfgs, shapes):
     res = {}
     for name, (n, k) in shapes.items():
         types = [QT.Q4_K] + ([QT.Q6_K] if name == "down" else [])
-        copies = max(2, int(4 * 2**28 // (n * k)) + 1)  # ~> 2 GB of bf16 across copies: no L2 hits
-        copies = min(copies, 6)
+        copies = bf16_copies(n, k)
         w16 = [torch.randn(n, k, device=dev).to(torch.bfloat16) for _ in range(copies)]
         for qt in types:
             raws = [random_raw(qt, n, k, dev, i) for i in range(copies)]
             pls = [planes.BUILDERS[qt][1](r, k) for r in raws]
             raw_mb = raws[0].numel() / 2**20
             log(mem=name, type=qt.name, raw_MiB=raw_mb, plane_MiB=pls[0].nbytes() / 2**20)
-            it = [0]
-
-            def nxt():
-                it[0] = (it[0] + 1) % copies
-                return it[0]
+            nxt = Rotation(copies)
             scratch_w = torch.empty(n, k, dtype=torch.bfloat16, device=dev)
             t_dq = bench(lambda: gemm_planes.dequant_plane(pls[nxt()], k, scratch_w))
             if name in ("gate_up", "down"):
@@ -235,20 +248,16 @@ def final_timings(ms, tiny=False):
         if model == "7b":
             shapes["down6"] = s7["down"] + (QT.Q6_K,)
         for name, (n, k, qt) in shapes.items():
-            copies = min(6, max(2, int(4 * 2**28 // (n * k)) + 1))
+            copies = bf16_copies(n, k)
             raws = [random_raw(qt, n, k, DEV, i) for i in range(copies)]
             pls = [planes.BUILDERS[qt][1](r, k) if qt in planes.BUILDERS else None for r in raws]
             w16 = torch.randn(n, k, device=DEV).to(torch.bfloat16)
-            it = [0]
-
-            def nxt():
-                it[0] = (it[0] + 1) % copies
-                return it[0]
+            nxt = Rotation(copies)
             for m in (ms if model == "7b" else ms[-2:]):
                 a = torch.randn(m, k, device=DEV).to(torch.bfloat16)
                 flop = 2 * m * n * k
                 row = {"cublas": bench(lambda: linalg.mm_f32(a, w16)),
-                       "route": bench(lambda: routed(a, raws[it[0]], n, k, pls[nxt()], qt))}
+                       "route": bench(lambda: routed(a, raws[nxt.i], n, k, pls[nxt()], qt))}
                 if model == "7b" and k == l2k and m >= 512 and qt == QT.Q4_K:
                     for rows in (1536, 3072):
                         try:
@@ -284,11 +293,7 @@ def small_m(ms, tiny=False):
     for name, (n, k, qt) in shapes.items():
         copies = min(6, max(2, int(2**30 // (n * k // 2)) + 1))
         pls = [planes.BUILDERS[qt][1](random_raw(qt, n, k, DEV, i), k) for i in range(copies)]
-        it = [0]
-
-        def nxt():
-            it[0] = (it[0] + 1) % copies
-            return it[0]
+        nxt = Rotation(copies)
         span = 128 if qt == QT.Q4_K else 256
         for m in ms:
             x = torch.randn(m, k, device=DEV)

@@ -1,4 +1,5 @@
-"""Split-K for the decode GEMVs: more programs per matrix, same result bits every run.
+"""Split-K for the decode GEMVs (and the shared scratch of the fused plane GEMM's): more programs per
+matrix, same result bits every run.
 
 A GEMV over a long row (or with few output rows) leaves most of the GPU idle while each program
 walks its row in a chain of dependent loads. With ``SPLIT > 1`` program ``(n, s)`` sums only
@@ -87,6 +88,25 @@ class SplitScratch:
                        torch.zeros(m * self.n_blocks, dtype=torch.int32, device=device))
             self._bufs[key] = buf
         return buf
+
+
+_SHARED: dict[tuple, torch.Tensor] = {}
+
+
+def shared_scratch(kind: str, numel: int, device) -> torch.Tensor:
+    """Split-K partials (float32) or arrival counters (int32, zero between calls) for kernels that
+    do not keep a :class:`SplitScratch` per weight (the fused plane GEMM), shared by every call whose
+    size rounds up to the same power of two (so a few buffers serve every row count):
+    kernels on one stream never overlap, and the counters return to zero. Buffers are never freed,
+    as a captured CUDA graph may hold their addresses."""
+    numel = 1 << max(0, numel - 1).bit_length()
+    key = (kind, numel, str(device))
+    buf = _SHARED.get(key)
+    if buf is None:
+        buf = (torch.empty if kind == "part" else torch.zeros)(
+            numel, dtype=torch.float32 if kind == "part" else torch.int32, device=device)
+        _SHARED[key] = buf
+    return buf
 
 
 def bias_or_residual(bias: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor):

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..q4_k.plane import Q4KPlane
+from ..launch.split import shared_scratch
 from ..tiles import DEQUANT_TILES, fused_gemm_tile, fused_split
 
 
@@ -262,24 +263,6 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
     return stages
 
 
-_SCRATCH: dict[tuple, torch.Tensor] = {}
-
-
-def _scratch(kind: str, numel: int, device) -> torch.Tensor:
-    """Split-K partials (float32) or arrival counters (int32, zero between calls), shared by every
-    call whose size rounds up to the same power of two (so a few buffers serve every row count):
-    kernels on one stream never overlap, and the counters return to zero. Buffers are never freed,
-    as a captured CUDA graph may hold their addresses."""
-    numel = 1 << max(0, numel - 1).bit_length()
-    key = (kind, numel, str(device))
-    buf = _SCRATCH.get(key)
-    if buf is None:
-        buf = (torch.empty if kind == "part" else torch.zeros)(
-            numel, dtype=torch.float32 if kind == "part" else torch.int32, device=device)
-        _SCRATCH[key] = buf
-    return buf
-
-
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
@@ -301,7 +284,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     stages = _fit_stages(bm, bn, span, stages)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
-        part, cnt = _scratch("part", split * m * n, a.device), _scratch("cnt", tiles_mn, a.device)
+        part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
     else:
         part, cnt = c, c
     _gemm_planes_kernel[(tiles_mn, split)](
