@@ -96,6 +96,18 @@ def fused_gemm_tile(m: int) -> tuple[int, int, int, int]:
     return next(tile for top, tile in FUSED_GEMM_TILES if top is None or m <= top)
 
 
+#: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,
+#: num_warps); its split-K comes from the weight's shape, like the fused GEMM's.
+ROWS_TILE = (2, 2, 4)
+
+
+def rows_config(n: int, k: int, span: int = 128) -> tuple[int, int, int, int]:
+    """``(tiles, groups, num_warps, split)`` of the batched step's GEMM for an ``n x k`` weight:
+    nothing depends on the row count, so a row's bits never depend on the batch."""
+    t, g, warps = ROWS_TILE
+    return t, g, warps, fused_split(n, k // span, 16 * t * warps)
+
+
 def pow2_divisor(nb: int, cap: int) -> int:
     """The largest power of two <= cap dividing nb, or cap when that is under cap / 4 (masked tail)."""
     bb = 1

@@ -6,6 +6,10 @@ so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-
 dot product; a single int8 digit, as llama.cpp uses, would be 2^-8). The kernel also keeps the
 exact float sums of every 16 values for the min / offset terms.
 
+``rows=True`` writes the layout of the batched step's GEMMs (``q4_k.gemm_mma``) instead: per row and
+per 8 values four words, digit h's two then digit l's two; per 32-value block ``(s / 256, sum)``
+in a ``(K / 32, M, 2)`` table (the block's scale beside those of the other rows).
+
 On CPU tensors (the ``TRITON_INTERPRET=1`` tests) ``dp4a`` is emulated with the same integer
 arithmetic; on CUDA tensors it is the PTX instruction.
 """
@@ -36,8 +40,8 @@ def dp4a(a, b, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps,
-                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr):
+def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, M,
+                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums.
 
     PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
@@ -70,30 +74,46 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
     carry = lo > 127.5  # 128 -> h + 1, -128 (|t| <= 127, so h stays within int8)
     h = tl.where(carry, h + 1.0, h)
     lo = tl.where(carry, lo - 256.0, lo)
-    tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
-    tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
-    tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
-    s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
-    tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
+    if ROWS:  # xh_ptr: (M, K / 8, 16) bytes, h of the 8 values then their l; xs_ptr: (K / 32, M, 2)
+        v = (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
+        at = m * (2 * K) + (b * 64)[:, None, None] + (v // 8) * 16 + v % 8
+        tl.store(xh_ptr + at, h.to(tl.int8), mask=bmask[:, None, None])
+        tl.store(xh_ptr + at + 8, lo.to(tl.int8), mask=bmask[:, None, None])
+        tl.store(xs_ptr + (b * M + m) * 2, amax / (127.0 * 256.0), mask=bmask)  # xs_ptr: (K / 32, M, 2)
+        tl.store(xs_ptr + (b * M + m) * 2 + 1, tl.sum(tl.sum(x, axis=2), axis=1), mask=bmask)
+    else:
+        tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
+        tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
+        tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
+        s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
+        tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
 
 
 def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
-               pdl: bool = False) -> tuple[torch.Tensor, ...]:
-    """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums).
+               pdl: bool = False, rows: bool = False) -> tuple[torch.Tensor, ...]:
+    """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums), or
+    with ``rows`` (the batched GEMMs' layout, see the module docstring) (digit words (M, K / 2),
+    block scales and sums (K / 32, M, 2)).
 
     ``norm=(w, eps)``: quantize ``rmsnorm(x) * w`` instead; ``swiglu``: x is ``(M, 2K)`` ``[g | u]``
     and ``silu(g) * u`` is quantized (the decode step's elementwise ops, fused here)."""
     m, k = x.shape
     if swiglu:
         k //= 2
-    xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    xs = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
-    x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
+    if rows:
+        xh = xl = x16 = torch.empty(m, 2 * k, dtype=torch.int8, device=x.device)
+        xs = torch.empty(k // 32, m, 2, dtype=torch.float32, device=x.device)
+    else:
+        xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
+        xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
+        xs = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
+        x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
-    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps),
-                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, num_warps=4,
-                                                            **launch_args(pdl))
+    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), m,
+                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, ROWS=rows,
+                                                            num_warps=4, **launch_args(pdl))
+    if rows:
+        return xh.view(torch.int32), xs
     return xh.view(torch.int32), xl.view(torch.int32), xs, x16
 

@@ -1,0 +1,83 @@
+"""The batched step's GEMMs at the 7B's shapes (one device call): the tensor-core rows GEMM
+(``q4_k.gemm_mma``) against what the batched engine ran before it (the fused plane GEMM over
+64-row tiles) and, at one row, the single-stream decode GEMV.
+
+    python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
+
+Times are GPU times per call: a CUDA graph of as many calls as there are weight copies (each call
+reads the next copy, so that no weight stays in L2), replayed and timed with events (the host's
+launch cost, which the batched engine's graphs also avoid, is left out). ``GB/s``: weight bytes
+over time.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from minfer_mmq_triton import decode, planes, tiles
+from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
+from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
+from minfer_mmq_triton.synth import random_raw
+
+SHAPES_7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+
+
+def graph_us(calls) -> float:
+    """Microseconds per call of ``calls`` (closures), captured in one CUDA graph and replayed."""
+    for c in calls:  # compile and allocate outside the capture
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,8,32,128")
+    ap.add_argument("--configs", nargs="*", default=None, help="T,G,W of the rows GEMM (default: tiles.ROWS_TILE)")
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
+    print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
+    for name, (n, k) in SHAPES_7B.items():
+        copies = max(2, int(200e6 // (n * k * 0.5625)) + 1)
+        ps = [planes.build_q4k(random_raw(QT.Q4_K, n, k, "cuda", seed=i), k) for i in range(copies)]
+        nbytes = ps[0].nbytes()
+
+        def row(m, label, fn):
+            us = graph_us([lambda p=p: fn(p) for p in ps])
+            print(f"| {name} {n}x{k} | {m} | {label} | {us:.1f} | {nbytes / us / 1e3:.0f} |", flush=True)
+
+        for m in rows:
+            x = torch.randn(m, k, device="cuda")
+            for t, g, w in configs:
+                row(m, f"rows T{t} G{g} W{w}",
+                    lambda p: gemm_q4p_mma(x, p, None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w)))
+            a = torch.randn(64, k, device="cuda").bfloat16()
+            tiles64 = -(-m // 64)
+            row(m, f"fused x{tiles64} (64-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(tiles64)])
+            if m == 1:
+                gemvs = {id(p): decode.make_gemv(QT.Q4_K, p, None, n, k, config=tiles.mma_config(QT.Q4_K, n))
+                         for p in ps}
+                row(m, "decode GEMV (mma)", lambda p: gemvs[id(p)](x))
+        del ps
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
