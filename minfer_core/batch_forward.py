@@ -1,9 +1,11 @@
 """The batched forward over the paged KV pool (the batched engine's step).
 
 A step holds rows of any mix of sequences: prompt segments (several rows attending together) and
-single rows (a decode token, or a generated token recomputed after preemption). Every row-wise op
-(embedding, norms, linears, the output head) runs over fixed tiles of ``tile`` rows (padded), so a
-row never shares a matmul shape with a different number of rows. RoPE and the K/V write run in
+single rows (a decode token, or a generated token recomputed after preemption). A weight with a
+row-invariant kernel (``plan.batch``: its rows' bits never depend on the row count) multiplies all
+rows at once, RMSNorm, SwiGLU and the residual fused as its candidate says; every other weight,
+with its norms, runs over fixed tiles of ``tile`` rows (padded), so a row never shares a matmul
+shape with a different number of rows. RoPE and the K/V write run in
 one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
 into one call per layer of the plan's ``paged_decode`` attention, whose entries are independent;
 each prompt segment is one ``prefill`` attention call over its sequence's gathered blocks. A
@@ -70,47 +72,78 @@ def row_tiles(n: int, tile: int) -> list[slice]:
     return [slice(r, r + tile) for r in range(0, n, tile)]
 
 
+class _Linears:
+    """The step's matmuls: ``[residual +] f(x) @ W.T`` for each named weight, on its row-invariant
+    kernel when the plan has one, else over padded tiles of ``tile`` rows (``f``: the optional
+    RMSNorm ``norm=(w, eps)`` or SwiGLU)."""
+
+    def __init__(self, model, tile: int):
+        self.rt, self.tile = model.rt, tile
+
+    def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
+                 residual: torch.Tensor | None = None, plain_norm: bool = False) -> list[torch.Tensor]:
+        rt, T = self.rt, x.shape[0]
+        out: dict[str, torch.Tensor] = {}
+        for n in names:
+            if n in rt.plan.batch:
+                out[n] = rt.batch_linear(n, x, residual=residual, norm=norm, swiglu=swiglu)
+        tiled = [n for n in names if n not in out]
+        if tiled:
+            xp = F.pad(x, (0, 0, 0, -T % self.tile))
+            parts: dict[str, list[torch.Tensor]] = {n: [] for n in tiled}
+            for t in row_tiles(xp.shape[0], self.tile):
+                a = xp[t]
+                if norm is not None:
+                    a = rt.produce(rmsnorm(a, *norm)) if plain_norm else rt.rmsnorm(a, *norm)
+                elif swiglu:
+                    a = rt.swiglu(a)
+                for n in tiled:
+                    parts[n].append(rt.linear(n, a))
+            for n in tiled:
+                y = torch.cat(parts[n])[:T]
+                out[n] = y if residual is None else residual + y
+        return [out[n] for n in names]
+
+
 def forward_batch(model, b: Batch, block_size: int, tile: int) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
     cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``."""
     cfg, rt, p = model.cfg, model.rt, model.p
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
-    Tp = -(-T // tile) * tile
-    tiles = row_tiles(Tp, tile)
-    tokens = F.pad(b.tokens, (0, Tp - T))
+    lin = _Linears(model, tile)
     cos, sin = model.cos[b.positions], model.sin[b.positions]
     neox = cfg.rope_style == "neox"
     all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
-    h = torch.cat([model.embed(tokens[t]) for t in tiles])
+    h = model.embed(b.tokens)
     for i in range(cfg.n_layers):
-        qkv = [model.qkv(i, rt.rmsnorm(h[t], p.attn_norm[i], cfg.rms_eps)) for t in tiles]
-        q, k, v = (torch.cat([x[j] for x in qkv])[:T] for j in range(3))
+        lw = p.layers[i]
+        q, k, v = model.split_qkv(lin(lw.attn, h, norm=(p.attn_norm[i], cfg.rms_eps)))
         q = rt._run(rt.pre_rope_kv, q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D),
                     cos, sin, model.cache.k[i], model.cache.v[i], b.slots, neox)
         kp, vp = model.cache.pages(i, block_size)
-        o = torch.zeros(Tp, H * D, device=h.device, dtype=torch.float32)
+        o = torch.zeros(T, H * D, device=h.device, dtype=torch.float32)
         if b.n_single:
             qs = q if all_single else q.index_select(0, b.single_rows)
             out = rt._run(rt.attn_paged, qs, kp, vp, b.tables, b.lens)
             if all_single:
-                o[:T] = out
+                o = out.reshape(T, H * D)
             else:
-                o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single])
+                o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))
         for s in b.seqs:
             ks = kp.index_select(0, s.block_table).flatten(0, 1)
             vs = vp.index_select(0, s.block_table).flatten(0, 1)
             for r0, r1, p0 in s.calls:
-                o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:p0 + r1 - r0], vs[:p0 + r1 - r0], p0)
-        for t in tiles:
-            h[t] = h[t] + rt.linear(p.layers[i].o, rt.produce(o[t]))
-            h[t] = h[t] + model.ffn(i, rt.rmsnorm(h[t], p.ffn_norm[i], cfg.rms_eps))
+                o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:p0 + r1 - r0], vs[:p0 + r1 - r0], p0).reshape(
+                    r1 - r0, H * D)
+        h = lin([lw.o], o.contiguous(), residual=h)[0]
+        gu = model.join_gate_up(lin(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps)))
+        h = lin([lw.down], gu, swiglu=True, residual=h)[0]
     L = b.logit_rows.shape[0]
     if L == 0:
         return h.new_zeros(0, cfg.vocab_size)
-    last = F.pad(h.index_select(0, b.logit_rows), (0, 0, 0, -(-L // tile) * tile - L))
-    out = [rt.linear("output", rmsnorm(last[t], p.out_norm, cfg.rms_eps)) for t in row_tiles(last.shape[0], tile)]
-    return torch.cat(out)[:L]
+    last = h.index_select(0, b.logit_rows)
+    return lin(["output"], last, norm=(p.out_norm, cfg.rms_eps), plain_norm=True)[0]
 
 
 def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int) -> torch.Tensor:

@@ -122,11 +122,17 @@ def register_weights(weights: list[Weight], ask: _Asker, applicable: dict) -> No
 
 
 def choose_matmuls(weights: list[Weight], ask: _Asker, plan: Plan) -> None:
-    """One kernel per (phase, tensor), ranked by the policy's order for the phase."""
+    """One kernel per (phase, tensor), ranked by the policy's order for the phase; and, where a
+    plugin offers one, the batched step's row-invariant kernel (ranked like decode)."""
     for phase in PHASES:
         for w in weights:
             what = f"{phase} {w.name} ({QT(w.qtype).name} {w.n_out}x{w.n_in})"
             getattr(plan, phase)[w.name] = ask.pick("minfer_matmul_candidates", phase, what, weight=w, phase=phase)
+    for w in weights:
+        what = f"batch {w.name} ({QT(w.qtype).name} {w.n_out}x{w.n_in})"
+        c = ask.pick("minfer_batch_matmul_candidates", "decode", what, required=False, weight=w)
+        if c is not None:
+            plan.batch[w.name] = c
 
 
 def negotiate_fuse(weights: list[Weight], ask: _Asker, plan: Plan, model: Any, readers: Sequence[str]) -> FuseChoice:
@@ -214,7 +220,8 @@ def release_raw(weights: list[Weight], plan: Plan) -> int:
     """Drop ``weight.raw`` where neither chosen kernel (prefill, decode) reads it; bytes freed."""
     freed = 0
     for w in weights:
-        if w.raw is not None and not any(getattr(plan, ph)[w.name].reads_raw for ph in PHASES):
+        chosen = [getattr(plan, ph)[w.name] for ph in PHASES] + [c for c in [plan.batch.get(w.name)] if c]
+        if w.raw is not None and not any(c.reads_raw for c in chosen):
             freed += w.raw.numel() * w.raw.element_size()
             w.drop_raw()
     return freed

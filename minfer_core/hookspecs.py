@@ -84,6 +84,20 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 
 @hookspec
+def minfer_batch_matmul_candidates(weight, ctx):
+    """Offer kernels for the batched engine's ``y = [residual +] f(x) @ weight.T`` over all of a
+    step's rows at once, any number of them (1 .. 256 and more).
+
+    A candidate's ``fn(x (M, K) f32, residual=None, norm=None, swiglu=False) -> (M, N) f32`` must
+    give each row the same bits whatever ``M`` is and whatever the other rows hold (the batched
+    engine's batch invariance rests on it); ``fuses`` names the keywords it applies itself, as for
+    decode (``norm=(w, eps)``: RMSNorm of x first; ``swiglu``: x is ``[g | u]``). Optional: a weight
+    without one runs on the prefill/decode kernels over fixed tiles of rows (``--row-tile``). Ranked
+    by the policy's ``decode`` order. Return a list of Candidates or ``None``.
+    """
+
+
+@hookspec
 def minfer_rmsnorm_candidates(ctx):
     """Offer a fused RMSNorm producer for prefill: ``fn(x, w, eps) -> Activation``.
 

@@ -80,7 +80,15 @@ class Runtime:
                       norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
         """Single-token ``[residual +] f(x) @ W.T`` where ``f`` is an optional RMSNorm (``norm=(w,
         eps)``) or SwiGLU; each piece runs inside the kernel when its candidate ``fuses`` it."""
-        c = self.plan.decode[name]
+        return self._fused(self.plan.decode[name], x, residual, norm, swiglu)
+
+    def batch_linear(self, name: str, x: torch.Tensor, residual: torch.Tensor | None = None,
+                     norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
+        """:meth:`decode_linear` over all rows of a batched step, on the weight's row-invariant
+        kernel (``plan.batch``; only for weights that have one)."""
+        return self._fused(self.plan.batch[name], x, residual, norm, swiglu)
+
+    def _fused(self, c, x: torch.Tensor, residual, norm, swiglu) -> torch.Tensor:
         kw = {}
         if norm is not None:
             if "rmsnorm" in c.fuses:

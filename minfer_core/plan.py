@@ -30,6 +30,7 @@ class Plan:
     # -- kernels: one candidate per (phase, tensor), producers, attention, fused single ops
     prefill: dict[str, Candidate] = field(default_factory=dict)
     decode: dict[str, Candidate] = field(default_factory=dict)
+    batch: dict[str, Candidate] = field(default_factory=dict)  # row-invariant kernels of the batched step, if any
     producers: dict[str, Candidate] = field(default_factory=dict)  # 'rmsnorm', 'swiglu' (mode > 0), 'prepass'
     attention: dict[str, Candidate] = field(default_factory=dict)  # 'prefill', 'decode', 'paged_decode'
     decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv'
@@ -74,6 +75,9 @@ class Plan:
             rows = Counter((*self.tensors[n], c.label, c.plugin) for n, c in table.items())
             out[phase] = [{"class": k[0], "qtype": k[1], "label": k[2], "plugin": k[3], "tensors": n}
                           for k, n in sorted(rows.items())]
+        rows = Counter((*self.tensors[n], c.label, c.plugin) for n, c in self.batch.items())
+        out["batch"] = [{"class": k[0], "qtype": k[1], "label": k[2], "plugin": k[3], "tensors": n}
+                        for k, n in sorted(rows.items())]
         out["producers"] = {k: c.label for k, c in self.producers.items()}
         out["attention"] = {k: c.label for k, c in self.attention.items()}
         out["decode_ops"] = {k: c.label for k, c in self.decode_ops.items()}

@@ -78,6 +78,12 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 
 @hookimpl
+def minfer_batch_matmul_candidates(weight, ctx):
+    batch = _optional("batch")
+    return None if batch is None else batch.batch_candidates(weight, ctx)
+
+
+@hookimpl
 def minfer_fuse_proposal(weights, readers, ctx):
     from .routes import fuse_proposal
 
