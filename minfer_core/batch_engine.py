@@ -34,6 +34,10 @@ from .kv_pages import BlockPool
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
+#: Engines serving at most this many sequences at once use the plan's row-invariant kernels (which
+#: beat 64-row tiles at few rows and lose to them at 128; bench_batch_gemm.py in benchmarks/).
+ROWS_MAX_PARALLEL = 64
+
 _ids = itertools.count()
 
 
@@ -80,8 +84,11 @@ class _Live:
 class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
                  segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
-                 graphs: Optional[bool] = None):
+                 graphs: Optional[bool] = None, rows: Optional[bool] = None):
         self.engine, self.model = engine, engine.model
+        # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
+        # engine's life (a request's bits must not depend on the batch)
+        self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (64 if self.model.device.type == "cuda" else 16)
@@ -112,16 +119,18 @@ class BatchEngine:
     @classmethod
     def load(cls, path, *, n_ctx: int, parallel: int, max_queue: int, gpu_memory: Optional[float] = None,
              block_size: int = 16, kv_blocks: Optional[int] = None, segment: int = 64, step_tokens: int = 512,
-             row_tile: Optional[int] = None, graphs: Optional[bool] = None,
+             row_tile: Optional[int] = None, graphs: Optional[bool] = None, rows: Optional[bool] = None,
              **engine_load_kwargs) -> "BatchEngine":
         """Load the model and size the KV pool: ``kv_blocks`` blocks, else on a GPU what fits in
         ``gpu_memory`` (a fraction of the device's memory when <= 1, else GiB; default 0.9) after
         the weights, at most enough for ``parallel`` full contexts; on the CPU ``parallel`` full
         contexts.
 
-        ``row_tile`` (default 64 on a GPU, 16 on the CPU): every row-wise op of a step runs over
-        tiles of this many rows, padded, which is what makes a request's bits independent of the
-        batch. It is fixed for the engine's life. Larger tiles read each weight fewer times in big
+        ``rows`` (default: ``parallel`` <= ROWS_MAX_PARALLEL): weights with a row-invariant kernel
+        (``plan.batch``, e.g. mmq_triton's q4_K rows GEMM) multiply all of a step's rows at once;
+        other weights, and every weight with ``rows=False``, run over tiles of ``row_tile`` rows
+        (default 64 on a GPU, 16 on the CPU), padded: either way a request's bits are independent
+        of the batch. Both are fixed for the engine's life. Larger tiles read each weight fewer times in big
         steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
         on small steps (B=8 computes 64 rows at the default). ``graphs``: ``False`` runs every
         step eagerly; otherwise decode-only steps go through the plugin the policy's
@@ -139,7 +148,7 @@ class BatchEngine:
             raise UserError(f"the KV pool holds {kv_blocks * block_size} tokens, less than one context of "
                             f"{engine.model.n_ctx}: lower -c or raise --gpu-memory")
         return cls(engine, parallel=parallel, max_queue=max_queue, n_blocks=kv_blocks, block_size=block_size,
-                   segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs)
+                   segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs, rows=rows)
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, req: Request) -> str:
@@ -241,7 +250,7 @@ class BatchEngine:
                     logits.index_select(0, torch.tensor(sampled, device=dev))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
-                logits = self.model.forward_batch(batch, self.block_size, self.row_tile)
+                logits = self.model.forward_batch(batch, self.block_size, self.row_tile, self.rows)
             tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:  # the step failed: end its requests, keep serving the others
             if self.engine.ctx.trace:
@@ -255,7 +264,7 @@ class BatchEngine:
             self._accept(work[i].seq, token)
 
     def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
-        return decode_rows(self.model, inputs, self.block_size, self.row_tile)
+        return decode_rows(self.model, inputs, self.block_size, self.row_tile, self.rows)
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """The next token of each sequence from its row of ``logits``: one argmax over every

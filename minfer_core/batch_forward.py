@@ -77,14 +77,14 @@ class _Linears:
     kernel when the plan has one, else over padded tiles of ``tile`` rows (``f``: the optional
     RMSNorm ``norm=(w, eps)`` or SwiGLU)."""
 
-    def __init__(self, model, tile: int):
-        self.rt, self.tile = model.rt, tile
+    def __init__(self, model, tile: int, rows: bool):
+        self.rt, self.tile, self.rows = model.rt, tile, rows
 
     def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
                  residual: torch.Tensor | None = None, plain_norm: bool = False) -> list[torch.Tensor]:
         rt, T = self.rt, x.shape[0]
         out: dict[str, torch.Tensor] = {}
-        for n in names:
+        for n in names if self.rows else ():
             if n in rt.plan.batch:
                 out[n] = rt.batch_linear(n, x, residual=residual, norm=norm, swiglu=swiglu)
         tiled = [n for n in names if n not in out]
@@ -105,13 +105,14 @@ class _Linears:
         return [out[n] for n in names]
 
 
-def forward_batch(model, b: Batch, block_size: int, tile: int) -> torch.Tensor:
+def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
-    cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``."""
+    cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``.
+    ``rows=False``: every weight over row tiles, even where a row-invariant kernel exists."""
     cfg, rt, p = model.cfg, model.rt, model.p
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
-    lin = _Linears(model, tile)
+    lin = _Linears(model, tile, rows)
     cos, sin = model.cos[b.positions], model.sin[b.positions]
     neox = cfg.rope_style == "neox"
     all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
@@ -146,12 +147,12 @@ def forward_batch(model, b: Batch, block_size: int, tile: int) -> torch.Tensor:
     return lin(["output"], last, norm=(p.out_norm, cfg.rms_eps), plain_norm=True)[0]
 
 
-def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int) -> torch.Tensor:
+def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: bool = True) -> torch.Tensor:
     """A decode-only step from one packed int64 device tensor ``inputs`` (E, 4 + max_blocks):
     per entry its token, position, slot, seq_len and block table (E a bucket; padding entries
     point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""
     e = inputs.shape[0]
-    rows = torch.arange(e, device=inputs.device)
-    b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], rows, rows,
+    entries = torch.arange(e, device=inputs.device)
+    b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], entries, entries,
               inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
-    return forward_batch(model, b, block_size, tile)
+    return forward_batch(model, b, block_size, tile, rows)

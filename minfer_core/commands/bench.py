@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -146,18 +147,18 @@ def _run_batched(args, tests) -> int:
     for cfg in [parse_config(s) for s in (args.config or ["default"])]:
         engine = load_under(cfg, path, args, n_ctx)
         per_seq = -(-engine.model.n_ctx // 16)
-        be = BatchEngine(engine, parallel=max(batches), max_queue=max(batches), n_blocks=max(batches) * per_seq,
-                         row_tile=args.row_tile)
-        for b in batches:  # warm-up: compilation, and each batch size's decode graph captured
-            run_batched(be, min(pps), 2, b, seed=12345)
-        for pp in pps:
-            for tg in tgs:
-                for b in batches:
+        for b in batches:  # one engine per batch size, as `minfer serve --parallel B` would run it
+            be = BatchEngine(engine, parallel=b, max_queue=b, n_blocks=b * per_seq, row_tile=args.row_tile)
+            run_batched(be, min(pps), 2, b, seed=12345)  # warm-up: compilation, the decode graph captured
+            for pp in pps:
+                for tg in tgs:
                     res = run_batched(be, pp, tg, b)
                     results.append((cfg.label, res))
                     log(f"bench: {cfg.label}: pp {pp} tg {tg} B {b}: S_PP {res.row()['S_PP t/s']:.1f} t/s, "
-                        f"S_TG {res.row()['S_TG t/s']:.1f} t/s")
-        del be, engine
+                        f"S_TG {res.row()['S_TG t/s']:.1f} t/s" + ("" if be.rows else " (row tiles)"))
+            del be
+            gc.collect()
+        del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     if args.output == "json":
