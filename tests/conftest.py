@@ -48,3 +48,17 @@ def synth_05b(tmp_path_factory):
     out = tmp_path_factory.mktemp("synth") / "05b.gguf"
     synthesize(template, out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def synth_7b(tmp_path_factory):
+    """As :func:`synth_05b`, with Qwen2-7B Q4_K_M's layout (4.7 GB; q4_K weights of K a multiple
+    of 256, which the 0.5B mostly lacks)."""
+    from pathlib import Path
+
+    from minfer_core.synth import synthesize
+
+    template = Path(__file__).resolve().parents[1] / "models" / "qwen2-7b-q4_k_m.layout.gguf.xz"
+    out = tmp_path_factory.mktemp("synth") / "7b.gguf"
+    synthesize(template, out, progress=False)
+    return out

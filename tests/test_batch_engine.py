@@ -294,6 +294,19 @@ def test_real_model_alone_vs_among_others_and_single_stream(qwen_path):
 
 
 @pytest.mark.cuda
+def test_gpu_rows_kernels_alone_vs_among_63_others(synth_7b):
+    """An engine of 64 sequences runs the q4_K weights on the row-invariant rows GEMM over all of a
+    step's rows (no tiles): a request's tokens are still the same alone or among 63 others."""
+    be = BatchEngine.load(synth_7b, n_ctx=512, parallel=64, max_queue=128, progress=False)
+    rt = be.model.rt
+    assert be.rows and sum(c.label == "mmq.rows.q4_k" for c in rt.plan.batch.values()) >= 3 * be.cfg.n_layers
+    ids = be.tok.encode("def quicksort(items):", add_special=True)
+    alone_tokens, among = among_others(be, ids, 63, 32, max_prompt=200)
+    assert among == alone_tokens
+    assert rt.counts["mmq.rows.q4_k"] > 0
+
+
+@pytest.mark.cuda
 def test_gpu_alone_vs_among_128_others(synth_05b):
     be = BatchEngine.load(synth_05b, n_ctx=1024, parallel=129, max_queue=256, progress=False)
     ids = be.tok.encode("def quicksort(items):", add_special=True)
