@@ -201,6 +201,79 @@ def test_decode_only_steps_go_through_the_batch_step_wrapper(tmp_path, monkeypat
     assert tokens[None] == tokens[False]
 
 
+def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypatch):
+    """A third-party plugin offering ``minfer_batch_matmul_candidates`` (row by row in float64 here)
+    gets every weight of the batched step: called once per weight with all of the step's rows (no
+    padding to tiles), RMSNorm / SwiGLU / residual passed to it as its ``fuses`` says; a request's
+    tokens stay the same alone or among others; ``rows=False`` leaves it out."""
+    monkeypatch.delenv("MINFER_LOAD_PLUGINS", raising=False)
+    (tmp_path / "site").mkdir()
+    mod = install_fake(tmp_path / "site", monkeypatch, """
+        import torch
+        from minfer_core.dequant import dequantize
+        from minfer_core.weights import Candidate
+
+        calls = []
+
+        @hookimpl
+        def minfer_batch_matmul_candidates(weight, ctx):
+            w = dequantize(weight.raw, weight.qtype, weight.n_in).double()
+            b = None if weight.bias is None else weight.bias.double()
+
+            def fn(x, residual=None, norm=None, swiglu=False):
+                calls.append((weight.name, x.shape[0], norm is not None, swiglu, residual is not None))
+                rows = []
+                for r in x.double():  # one row at a time: nothing depends on the others
+                    if norm is not None:
+                        r = r * torch.rsqrt(r.pow(2).mean() + norm[1]) * norm[0].double()
+                    if swiglu:
+                        g, u = r.chunk(2)
+                        r = g * torch.sigmoid(g) * u
+                    rows.append(r @ w.T + (0 if b is None else b))
+                y = torch.stack(rows).float()
+                return y if residual is None else residual + y
+
+            return [Candidate("fakerows", "fakerows.f64", fn, fuses=("residual", "rmsnorm", "swiglu"))]
+    """, name="fakerows")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "configs" / "gates.yaml").read_text().replace(
+        "  decode: [mmq_triton, f16_wmma, reference]", "  decode: [fakerows, mmq_triton, f16_wmma, reference]"))
+    eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference", policy=str(policy))
+    fake = sys.modules[mod]
+    assert set(eng.plan.batch) == set(eng.plan.decode) and {c.label for c in eng.plan.batch.values()} == {"fakerows.f64"}
+    assert all(c.plugin == "reference" for c in eng.plan.decode.values())  # it offers nothing else
+    target, others = list(range(3, 40)), [list(range(50 + i, 61 + 7 * i)) for i in range(5)]
+
+    def generate(be, batches):
+        out = {}
+        for batch in batches:
+            reqs = [Request(ids, 6, GREEDY, ignore_eos=True) for ids in batch]
+            for r in reqs:
+                out[r.id] = []
+                r.on_event = lambda e: out[e.request_id].extend(e.token_ids)
+                be.submit(r)
+            while be.step():
+                pass
+        return out, reqs
+
+    be = BatchEngine(eng, parallel=6, max_queue=8, n_blocks=48, segment=32, step_tokens=128)
+    assert be.rows
+    out, (alone,) = generate(be, [[target]])
+    fake.calls.clear()
+    out2, reqs = generate(be, [[*others[:3], target, *others[3:]]])
+    assert out2[reqs[3].id] == out[alone.id] and all(len(t) == 6 for t in out2.values())
+    names = {c[0] for c in fake.calls}
+    assert names == set(eng.plan.batch)
+    counts = {c[1] for c in fake.calls}
+    assert 6 in counts and any(n % 16 for n in counts)  # a whole decode step; steps not padded to tiles
+    assert {c[2:] for c in fake.calls if "ffn_down" in c[0]} == {(False, True, True)}
+    assert {c[2:] for c in fake.calls if c[0] == "output"} == {(True, False, False)}
+    fake.calls.clear()
+    tiled = BatchEngine(eng, parallel=6, max_queue=8, n_blocks=48, segment=32, step_tokens=128, rows=False)
+    generate(tiled, [[target]])
+    assert fake.calls == []
+
+
 # -- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 3, 8, 100])

@@ -175,6 +175,8 @@ def test_gates_model_on_cpu_shows_model_and_hardware(capsys, monkeypatch, qwen_p
     assert "here (cpu): fuse mode 0 (fused producers off: mmq_triton cannot run here: " in text
     assert m["kernels"]["decode_step"] is m["kernels"]["batch_step"] is None  # cuda_graphs needs a GPU
     assert "  decode step: plain (not wrapped)\n" in text and "  batch step: plain (not wrapped)\n" in text
+    assert m["kernels"]["batch"] == []  # mmq_triton's rows GEMM needs a GPU: the batched step tiles every weight
+    assert "  batch kernels: none (the batched step runs every weight over row tiles)\n" in text
 
 
 def test_gates_model_7b_layout_allows_mode_2(capsys, monkeypatch):

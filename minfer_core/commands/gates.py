@@ -134,7 +134,10 @@ def render(r: dict) -> str:
                   + (f" (off: {m['fuse_off_reason']})" if m["fuse_off_reason"] else ""),
                   "  plugins: " + "; ".join(f"{n} {s}" for n, s in m["plugins"].items())]
         k = m["kernels"]
-        for phase in ("prefill", "decode"):
+        for phase in ("prefill", "decode", "batch"):
+            if phase == "batch" and not k.get("batch"):
+                lines.append("  batch kernels: none (the batched step runs every weight over row tiles)")
+                continue
             lines.append(f"  {phase} kernels:")
             lines += [f"    {row['class']:<10} {row['qtype']:<5} x{row['tensors']:<4} {row['label']}  ({row['plugin']})"
                       for row in k[phase]]

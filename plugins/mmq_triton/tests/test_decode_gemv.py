@@ -205,6 +205,24 @@ def test_activation_quantizer_two_digits():
     assert (back[1, 32:64] == 0).all()
 
 
+def test_activation_quantizer_rows_layout():
+    """The batched GEMM's layout (``rows=True``) holds the same digits, scales and sums: per 8 values
+    digit h's 8 bytes then digit l's; per 32-value block ``(scale / 256, sum)`` in a (K/32, M, 2) table."""
+    from minfer_mmq_triton.ops.quant_x import quantize_x
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 512, generator=gen) * 3
+    nw = torch.rand(512, generator=gen) + 0.5
+    for kw in ({}, {"norm": (nw, 1e-6)}):
+        xh, xl, xs, x16 = quantize_x(x, **kw)
+        xq, table = quantize_x(x, rows=True, **kw)
+        q = xq.view(torch.int8).view(5, 64, 16)
+        assert torch.equal(q[..., :8], xh.view(torch.int8).view(5, 64, 8))
+        assert torch.equal(q[..., 8:], xl.view(torch.int8).view(5, 64, 8))
+        assert table.shape == (16, 5, 2) and torch.equal(table[..., 0].T * 256, xs)
+        assert torch.allclose(table[..., 1].T, x16.view(5, 16, 2).sum(-1), rtol=1e-6, atol=1e-5)
+
+
 def test_gemv_reads_noncontiguous_and_f16_input():
     gen = torch.Generator().manual_seed(3)
     w = make_weight(QT.Q5_0, 8, 64, gen)
