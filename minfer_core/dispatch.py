@@ -217,7 +217,7 @@ def choose_step_wrappers(ask: _Asker, plan: Plan) -> None:
 
 
 def release_raw(weights: list[Weight], plan: Plan) -> int:
-    """Drop ``weight.raw`` where neither chosen kernel (prefill, decode) reads it; bytes freed."""
+    """Drop ``weight.raw`` where no chosen kernel (prefill, decode, batch) reads it; bytes freed."""
     freed = 0
     for w in weights:
         chosen = [getattr(plan, ph)[w.name] for ph in PHASES] + [c for c in [plan.batch.get(w.name)] if c]

@@ -70,14 +70,11 @@ class Plan:
     def labels_by_class(self) -> dict:
         """Chosen labels grouped by tensor class and quant type (for ``minfer gates -m``)."""
         out: dict[str, Any] = {}
-        for phase in PHASES:
+        for phase in PHASES + ("batch",):
             table = getattr(self, phase)
             rows = Counter((*self.tensors[n], c.label, c.plugin) for n, c in table.items())
             out[phase] = [{"class": k[0], "qtype": k[1], "label": k[2], "plugin": k[3], "tensors": n}
                           for k, n in sorted(rows.items())]
-        rows = Counter((*self.tensors[n], c.label, c.plugin) for n, c in self.batch.items())
-        out["batch"] = [{"class": k[0], "qtype": k[1], "label": k[2], "plugin": k[3], "tensors": n}
-                        for k, n in sorted(rows.items())]
         out["producers"] = {k: c.label for k, c in self.producers.items()}
         out["attention"] = {k: c.label for k, c in self.attention.items()}
         out["decode_ops"] = {k: c.label for k, c in self.decode_ops.items()}
