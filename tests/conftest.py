@@ -12,6 +12,12 @@ if not torch.cuda.is_available():
     # Triton kernels run under the CPU interpreter in CI; the variable must be set before triton
     # is first imported anywhere in the session.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Triton decides at import whether each jit function (its own included) is interpreted: import
+    # it now, so that a test that unsets the variable (the CPU as a user has it) breaks no later one.
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
 
 from minfer_core.fetch import pull
 
