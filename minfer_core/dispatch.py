@@ -220,7 +220,7 @@ def release_raw(weights: list[Weight], plan: Plan) -> int:
     """Drop ``weight.raw`` where no chosen kernel (prefill, decode, batch) reads it; bytes freed."""
     freed = 0
     for w in weights:
-        chosen = [getattr(plan, ph)[w.name] for ph in PHASES] + [c for c in [plan.batch.get(w.name)] if c]
+        chosen = [getattr(plan, ph)[w.name] for ph in PHASES] + ([plan.batch[w.name]] if w.name in plan.batch else [])
         if w.raw is not None and not any(c.reads_raw for c in chosen):
             freed += w.raw.numel() * w.raw.element_size()
             w.drop_raw()

@@ -11,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from test_decode_gemv import TOL_I8, check, make_weight, oracle_dense
+from test_decode_mma import check_prologues
 
 pytestmark = pytest.mark.cuda
 
@@ -49,15 +50,7 @@ def test_q4k_batch_gemm_prologues():
     w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
     w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
     for cfg in CONFIGS[:2]:
-        fn = _fn(w, cfg)
-        h = torch.randn(11, k, generator=gen, device="cuda") * 3
-        res = torch.randn(11, n, generator=gen, device="cuda")
-        nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
-        normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
-        assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < TOL_I8
-        gu = torch.randn(11, 2 * k, generator=gen, device="cuda") * 2
-        g, u = gu.double().chunk(2, dim=-1)
-        assert check(fn(gu, swiglu=True), (g * torch.sigmoid(g) * u).float(), w64, None) < TOL_I8
+        check_prologues(_fn(w, cfg), w64, 11, gen)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)

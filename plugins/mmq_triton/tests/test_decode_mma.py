@@ -59,6 +59,21 @@ def test_q4k_mma_gemv_matches_gguf(n, k, split, bias):
             assert int(fn.scratch.get(3, "cuda")[1].abs().sum()) == 0
 
 
+def check_prologues(fn, w64, m, gen):
+    """``fn``'s fused RMSNorm + residual and SwiGLU on ``m`` random rows against float64; the normed
+    input ``h`` (M, K)."""
+    n, k = w64.shape
+    h = torch.randn(m, k, generator=gen, device="cuda") * 3
+    res = torch.randn(m, n, generator=gen, device="cuda")
+    nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
+    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
+    assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < TOL_I8
+    gu = torch.randn(m, 2 * k, generator=gen, device="cuda") * 2
+    g, u = gu.double().chunk(2, dim=-1)
+    assert check(fn(gu, swiglu=True), (g * torch.sigmoid(g) * u).float(), w64, None) < TOL_I8
+    return h
+
+
 @pytest.mark.parametrize("cfg", [(1, 2, 4, 1), (1, 4, 4, 0)], ids=str)
 def test_q4k_mma_gemv_prologues_and_graph_replay(cfg):
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -66,14 +81,7 @@ def test_q4k_mma_gemv_prologues_and_graph_replay(cfg):
     w = make_weight(QT.Q4_K, n, k, gen, device="cuda")
     w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
     fn = _q4(w, cfg, 2)
-    h = torch.randn(1, k, generator=gen, device="cuda") * 3
-    res = torch.randn(1, n, generator=gen, device="cuda")
-    nw, eps = torch.rand(k, generator=gen, device="cuda") + 0.5, 1e-6
-    normed = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
-    assert check(fn(h, norm=(nw, eps), residual=res) - res, normed, w64, None) < TOL_I8
-    gu = torch.randn(1, 2 * k, generator=gen, device="cuda") * 2
-    g, u = gu.double().chunk(2, dim=-1)
-    assert check(fn(gu, swiglu=True), (g * torch.sigmoid(g) * u).float(), w64, None) < TOL_I8
+    h = check_prologues(fn, w64, 1, gen)
     want = fn(h).clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
