@@ -35,8 +35,8 @@ from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
 #: Engines serving at most this many sequences at once use the plan's row-invariant kernels (which
-#: beat 64-row tiles at few rows and lose to them at 128; bench_batch_gemm.py in benchmarks/).
-ROWS_MAX_PARALLEL = 64
+#: beat 64-row tiles at up to 32 rows and lose to them at 64; bench_batch_gemm.py in benchmarks/).
+ROWS_MAX_PARALLEL = 32
 
 _ids = itertools.count()
 

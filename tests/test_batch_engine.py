@@ -295,9 +295,9 @@ def test_real_model_alone_vs_among_others_and_single_stream(qwen_path):
 
 @pytest.mark.cuda
 def test_gpu_rows_kernels_alone_vs_among_63_others(synth_7b):
-    """An engine of 64 sequences runs the q4_K weights on the row-invariant rows GEMM over all of a
-    step's rows (no tiles): a request's tokens are still the same alone or among 63 others."""
-    be = BatchEngine.load(synth_7b, n_ctx=512, parallel=64, max_queue=128, progress=False)
+    """An engine of 64 sequences asked to run the q4_K weights on the row-invariant rows GEMM over all
+    of a step's rows (no tiles): a request's tokens are still the same alone or among 63 others."""
+    be = BatchEngine.load(synth_7b, n_ctx=512, parallel=64, max_queue=128, progress=False, rows=True)
     rt = be.model.rt
     assert be.rows and sum(c.label == "mmq.rows.q4_k" for c in rt.plan.batch.values()) >= 3 * be.cfg.n_layers
     ids = be.tok.encode("def quicksort(items):", add_special=True)

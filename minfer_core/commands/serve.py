@@ -23,7 +23,7 @@ def add_parser(sub):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0 = any free port)")
     p.add_argument("--parallel", "-np", type=int, default=8, metavar="N",
-                   help="sequences decoded together (default: 8); up to 64 the batched step uses the plugins' "
+                   help="sequences decoded together (default: 8); up to 32 the batched step uses the plugins' "
                         "row-invariant kernels, above it fixed 64-row tiles")
     p.add_argument("--max-queue", type=int, default=256, metavar="Q",
                    help="requests waiting beyond --parallel before new ones get 429 (default: 256)")

@@ -98,7 +98,7 @@ def fused_gemm_tile(m: int) -> tuple[int, int, int, int]:
 
 #: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,
 #: num_warps); its split-K comes from the weight's shape, like the fused GEMM's.
-ROWS_TILE = (2, 2, 4)
+ROWS_TILE = (2, 1, 4)
 
 
 def rows_config(n: int, k: int, span: int = 128) -> tuple[int, int, int, int]:

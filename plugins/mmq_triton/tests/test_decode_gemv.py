@@ -206,21 +206,28 @@ def test_activation_quantizer_two_digits():
 
 
 def test_activation_quantizer_rows_layout():
-    """The batched GEMM's layout (``rows=True``) holds the same digits, scales and sums: per 8 values
-    digit h's 8 bytes then digit l's; per 32-value block ``(scale / 256, sum)`` in a (K/32, M, 2) table."""
+    """The batched GEMM's layout (``rows=True``): one scale ``s = max|x| / 127`` per 256 values,
+    stored as ``s / 256`` in a (K/256, MP) table; per 8 values digit h's 8 bytes then digit l's, with
+    ``x = s (h + l / 256)``; the integer sums of ``256 h + l`` per 32 values in a (K/32, MP) table.
+    Checked against torch's own max, norm, sums and rounding bound."""
     from minfer_mmq_triton.ops.quant_x import quantize_x
 
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(5, 512, generator=gen) * 3
+    x[2, 300] = 40.0
     nw = torch.rand(512, generator=gen) + 0.5
-    for kw in ({}, {"norm": (nw, 1e-6)}):
-        xh, xl, xs, x16 = quantize_x(x, **kw)
-        xq, table = quantize_x(x, rows=True, **kw)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
+    for kw, ref in (({}, x), ({"norm": (nw, 1e-6)}, normed)):
+        xq, table, sums = quantize_x(x, rows=True, **kw)
         q = xq.view(torch.int8).view(5, 64, 16)
-        assert torch.equal(q[..., :8], xh.view(torch.int8).view(5, 64, 8))
-        assert torch.equal(q[..., 8:], xl.view(torch.int8).view(5, 64, 8))
-        assert table.shape == (16, 5, 2) and torch.equal(table[..., 0].T * 256, xs)
-        assert torch.allclose(table[..., 1].T, x16.view(5, 16, 2).sum(-1), rtol=1e-6, atol=1e-5)
+        h, lo = q[..., :8].reshape(5, 512).float(), q[..., 8:].reshape(5, 512).float()
+        amax = ref.view(5, 2, 256).abs().amax(-1)
+        assert table.shape == (2, 16) and torch.allclose(table[:, :5].T * 256 * 127, amax, rtol=1e-5)
+        assert sums.shape == (16, 16) and sums.dtype == torch.int32
+        assert torch.equal(sums[:, :5].T.long(), (256 * h + lo).long().view(5, 16, 32).sum(-1))
+        s = (amax / 127).repeat_interleave(256, dim=1)
+        assert ((s * (h + lo / 256) - ref).abs() <= s / 400).all()
+        assert h.abs().max() <= 127 and lo.min() >= -128 and lo.max() <= 127
 
 
 def test_gemv_reads_noncontiguous_and_f16_input():

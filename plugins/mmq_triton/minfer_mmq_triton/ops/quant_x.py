@@ -1,14 +1,16 @@
 """The int8 decode GEMVs' activation quantizer (fused RMSNorm or SwiGLU first), and ``dp4a``.
 
 The activation row is quantized once per call (``_quant_x_kernel``) to two int8 digits per
-value: per 32-value block ``s = max|x| / 127``, ``h = round(x / s)``, ``l = round(256 (x/s - h))``,
+value: per 32-value block (256 with ``rows``) ``s = max|x| / 127``, ``h = round(x / s)``, ``l = round(256 (x/s - h))``,
 so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-grade for a
 dot product; a single int8 digit, as llama.cpp uses, would be 2^-8). The kernel also keeps the
 exact float sums of every 16 values for the min / offset terms.
 
-``rows=True`` writes the layout of the batched step's GEMMs (``q4_k.gemm_mma``) instead: per row and
-per 8 values four words, digit h's two then digit l's two; per 32-value block ``(s / 256, sum)``
-in a ``(K / 32, M, 2)`` table (the block's scale beside those of the other rows).
+``rows=True`` writes the layout of the batched step's GEMMs (``q4_k.gemm_mma``) instead: one scale
+per 256-value block (the GEMMs sum a whole q4_K block in integers), stored as ``s / 256`` in a
+``(K / 256, MP)`` table (a block's scale beside those of the other rows; ``MP``: M padded), the
+exact integer sum of ``256 h + l`` over each 32 values in a ``(K / 32, MP)`` int32 table, and per
+row and per 8 values four words, digit h's two then digit l's two.
 
 On CPU tensors (the ``TRITON_INTERPRET=1`` tests) ``dp4a`` is emulated with the same integer
 arithmetic; on CUDA tensors it is the PTX instruction.
@@ -40,7 +42,7 @@ def dp4a(a, b, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, M,
+def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, MP,
                     QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums.
 
@@ -67,6 +69,9 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
         u = tl.load(row + K + off, mask=bmask[:, None, None], other=0.0)
         x = x * tl.sigmoid(x) * u
     amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
+    if ROWS:  # one scale per 256 values: the largest of its eight 32-value blocks
+        amax = tl.max(tl.reshape(amax, [QB // 8, 8]), axis=1)
+        amax = tl.reshape(tl.broadcast_to(amax[:, None], [QB // 8, 8]), [QB])
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     t = x * inv[:, None, None]
     h = tl.floor(t + 0.5)
@@ -74,13 +79,17 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
     carry = lo > 127.5  # 128 -> h + 1, -128 (|t| <= 127, so h stays within int8)
     h = tl.where(carry, h + 1.0, h)
     lo = tl.where(carry, lo - 256.0, lo)
-    if ROWS:  # xh_ptr: (M, K / 8, 16) bytes, h of the 8 values then their l; xs_ptr: (K / 32, M, 2)
+    if ROWS:  # xh_ptr: (M, K / 8, 16) bytes, h of the 8 values then their l; xs_ptr: (K / 256, MP);
+        # x16_ptr: (K / 32, MP) int32 sums of 256 h + l
         v = (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
         at = m * (2 * K) + (b * 64)[:, None, None] + (v // 8) * 16 + v % 8
         tl.store(xh_ptr + at, h.to(tl.int8), mask=bmask[:, None, None])
         tl.store(xh_ptr + at + 8, lo.to(tl.int8), mask=bmask[:, None, None])
-        tl.store(xs_ptr + (b * M + m) * 2, amax / (127.0 * 256.0), mask=bmask)  # xs_ptr: (K / 32, M, 2)
-        tl.store(xs_ptr + (b * M + m) * 2 + 1, tl.sum(tl.sum(x, axis=2), axis=1), mask=bmask)
+        b8 = tl.program_id(1) * (QB // 8) + tl.arange(0, QB // 8)
+        s8 = tl.max(tl.reshape(amax, [QB // 8, 8]), axis=1)
+        tl.store(xs_ptr + b8 * MP + m, s8 / (127.0 * 256.0), mask=b8 < K // 256)
+        isum = tl.sum(tl.sum(h * 256.0 + lo, axis=2), axis=1)  # |isum| <= 32 * 32767: exact in float32
+        tl.store(x16_ptr + b * MP + m, isum.to(tl.int32), mask=bmask)
     else:
         tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
         tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
@@ -90,19 +99,24 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
 
 
 def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
-               pdl: bool = False, rows: bool = False) -> tuple[torch.Tensor, ...]:
+               pdl: bool = False, rows: bool = False, pad: int = 16) -> tuple[torch.Tensor, ...]:
     """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums), or
-    with ``rows`` (the batched GEMMs' layout, see the module docstring) (digit words (M, K / 2),
-    block scales and sums (K / 32, M, 2)).
+    with ``rows`` (the batched GEMMs' layout, see the module docstring; K a multiple of 256) (digit
+    words (M, K / 2), 256-value block scales (K / 256, MP), 32-value integer sums (K / 32, MP)),
+    ``MP`` = M rounded up to a multiple of ``pad`` (the table entries past M are left unset).
 
     ``norm=(w, eps)``: quantize ``rmsnorm(x) * w`` instead; ``swiglu``: x is ``(M, 2K)`` ``[g | u]``
     and ``silu(g) * u`` is quantized (the decode step's elementwise ops, fused here)."""
     m, k = x.shape
     if swiglu:
         k //= 2
+    mp = m
     if rows:
-        xh = xl = x16 = torch.empty(m, 2 * k, dtype=torch.int8, device=x.device)
-        xs = torch.empty(k // 32, m, 2, dtype=torch.float32, device=x.device)
+        assert k % 256 == 0, f"the rows layout quantizes per 256 values; K = {k}"
+        mp = -(-m // pad) * pad
+        xh = xl = torch.empty(m, 2 * k, dtype=torch.int8, device=x.device)
+        xs = torch.empty(k // 256, mp, dtype=torch.float32, device=x.device)
+        x16 = torch.empty(k // 32, mp, dtype=torch.int32, device=x.device)
     else:
         xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
         xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
@@ -110,10 +124,9 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
         x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
-    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), m,
+    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), mp,
                                                             QB=QUANT_BLOCKS, PRO=pro, RB=1024, ROWS=rows,
                                                             num_warps=4, **launch_args(pdl))
     if rows:
-        return xh.view(torch.int32), xs
+        return xh.view(torch.int32), xs, x16
     return xh.view(torch.int32), xl.view(torch.int32), xs, x16
-

@@ -1,23 +1,26 @@
 """The q4_K int8 GEMM of the batched step on tensor cores: activation rows as the MMA's N.
 
-``mma.sync`` m16n8k32 (u8 x s8 -> s32) with 16 weight rows as A and 8 activation rows as B, one
-MMA per (32-value sub-block, x digit). Each activation row's result is computed by the same
-instructions in the same order whatever the other rows are, or how many (every sum is exact in
-integers until a sub-block's float scaling, the split-K partials meet in a fixed order, and the
-split comes from the weight's shape): a row's bits never depend on the batch.
+``mma.sync`` m16n8k32 (u8 x s8 -> s32) with 16 weight rows as A and 8 activation rows as B. A
+row's whole 256-value block is summed in integers before any float is touched: per 32-value
+sub-block two MMAs (x's digits h and l) whose sums are multiplied by the sub-block's 6-bit scale
+into two block sums H and L, and the sub-block's 6-bit min times x's integer sum over the
+sub-block into a third, Hm (x quantized per block with its sub-block sums, ``ops.quant_x``,
+``rows=True``). Once per block these meet the block's float scales: ``xs (d (256 H + L) - dmin Hm)``.
+Every sum is exact in int32 (|H| <= 8 * 63 * 32 * 15 * 128 < 2^25, |Hm| <= 8 * 63 * 32 * 32767),
+so each activation row's result is computed by the same instructions in the same order whatever
+the other rows are, or how many; the split-K partials meet in a fixed order and the split comes
+from the weight's shape: a row's bits never depend on the batch.
 
 Mapping (plane layout: ``q4_k.plane``; a span ``t`` is 16 words a row, value ``4 W + b`` of the
 span in word ``W``'s low nibble ``b``, value ``64 + 4 W + b`` in its high nibble, so sub-block
-``s`` of the span is words ``8 (s % 2) ..`` low (s < 2) or high (s >= 2)). Lane ``4 g + c`` of a
-warp holds, of rows ``g`` and ``g + 8`` of a 16-row tile, words ``X = 8 j + 2 c`` and ``X + 1``
-(``j`` = s % 2): sub-block values ``8 c .. 8 c + 7``, which fill the lane's A registers (k slots
-``4 c ..`` from word X, ``16 + 4 c ..`` from word X + 1; any k order works when B uses the same).
-B in lane ``4 g + c`` is activation row ``g`` of the group, the same eight values: one 16-byte
-load of x's packed layout (``ops.quant_x``, ``rows=True``: per 8 values the two words of digit
-h, then the two of digit l). The accumulator's element ``e`` of lane ``4 g + c`` is weight row
-``g + 8 (e // 2)``, activation row ``2 c + e % 2``; ``256 h + l`` is exact in int32 and in
-float32, then scaled by ``d * sc`` and the row's block scale, less ``dmin * m`` times the
-sub-block's float sum of x.
+``s`` of the span is words ``8 (s % 2) ..`` low (s < 2) or high (s >= 2); spans ``2 b, 2 b + 1``
+are block ``b``). Lane ``4 g + c`` of a warp holds, of rows ``g`` and ``g + 8`` of a 16-row tile,
+words ``X = 8 (s % 2) + 2 c`` and ``X + 1``: sub-block values ``8 c .. 8 c + 7``, which fill the
+lane's A registers (k slots ``4 c ..`` from word X, ``16 + 4 c ..`` from word X + 1; any k order
+works when B uses the same). B in lane ``4 g + c`` is activation row ``g`` of the group, the same
+eight values: one 16-byte load of x's packed layout (per 8 values the two words of digit h, then
+the two of digit l). The accumulator's element ``(r, p)`` of lane ``4 g + c`` is weight row
+``g + 8 r``, activation row ``2 c + p``.
 
 Gluon, CUDA only (compute capability 8.0+).
 """
@@ -34,115 +37,112 @@ from ..launch.mma import ax
 from ..ops.quant_x import quantize_x
 from .plane import Q4KPlane
 
-_MMA_TAIL = """
-mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {h0, h1, h2, h3}, {a0, a1, a2, a3}, {$8, $9}, {z, z, z, z};
-mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {l0, l1, l2, l3}, {a0, a1, a2, a3}, {$10, $11}, {z, z, z, z};
-mad.lo.s32 $0, h0, 256, l0; mad.lo.s32 $1, h1, 256, l1; mad.lo.s32 $2, h2, 256, l2; mad.lo.s32 $3, h3, 256, l3;
-}"""
-_MMA_LOW = gl.constexpr("""{
-.reg .b32 a<4>, h<4>, l<4>, z;
-mov.b32 z, 0;
-and.b32 a0, $4, 0x0F0F0F0F; and.b32 a1, $6, 0x0F0F0F0F; and.b32 a2, $5, 0x0F0F0F0F; and.b32 a3, $7, 0x0F0F0F0F;
-""" + _MMA_TAIL)
-_MMA_HIGH = gl.constexpr("""{
-.reg .b32 a<4>, h<4>, l<4>, t<4>, z;
-mov.b32 z, 0;
-shr.b32 t0, $4, 4; shr.b32 t1, $6, 4; shr.b32 t2, $5, 4; shr.b32 t3, $7, 4;
-and.b32 a0, t0, 0x0F0F0F0F; and.b32 a1, t1, 0x0F0F0F0F; and.b32 a2, t2, 0x0F0F0F0F; and.b32 a3, t3, 0x0F0F0F0F;
-""" + _MMA_TAIL)
-_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 8))
+
+def _scaled_mma(high: bool, digit: int) -> str:
+    """PTX: ``$0..3 = $16..19 + $12..15 * mma(A, B)`` per element; A the low (or ``high``) nibbles
+    of words $4..7, B x's digit ``digit`` ($8, $9: h; $10, $11: l)."""
+    words = ("$4", "$6", "$5", "$7")  # (row g, X), (row g + 8, X), (row g, X + 1), (row g + 8, X + 1)
+    a = "".join(f"shr.b32 a{i}, {w}, 4; and.b32 a{i}, a{i}, 0x0F0F0F0F; " if high else
+                f"and.b32 a{i}, {w}, 0x0F0F0F0F; " for i, w in enumerate(words))
+    b = "{$8, $9}" if digit == 0 else "{$10, $11}"
+    return ("{\n.reg .b32 a<4>, s<4>, z;\nmov.b32 z, 0;\n" + a + "\n"
+            f"mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {{s0, s1, s2, s3}}, {{a0, a1, a2, a3}}, {b}, "
+            "{z, z, z, z};\n"
+            + " ".join(f"mad.lo.s32 ${i}, s{i}, ${12 + i}, ${16 + i};" for i in range(4)) + "\n}")
+
+
+_LOW_H, _LOW_L = gl.constexpr(_scaled_mma(False, 0)), gl.constexpr(_scaled_mma(False, 1))
+_HIGH_H, _HIGH_L = gl.constexpr(_scaled_mma(True, 0)), gl.constexpr(_scaled_mma(True, 1))
+_ARGS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 
 
 @gluon.jit
-def _sums(q, x, HIGH: gl.constexpr):
-    """``256 h + l`` integer sums of a sub-block: A words ``q`` [..., 4] (row g: X, X + 1; row g + 8:
-    X, X + 1), B words ``x`` [..., 4] (h, h, l, l) -> [..., 4] accumulator elements."""
+def _sub_block(q, xw, scw, xsum, shift: gl.constexpr, sums, HIGH: gl.constexpr):
+    """Sub-block sums added to ``sums`` = (H, L, Hm): A words ``q`` (elements (r, p): word X + p of
+    row g + 8 r), B words ``xw`` (h, h, l, l), scale words ``scw`` (scale and min bytes at
+    ``shift``), x's integer sum ``xsum``."""
+    h, low, hm = sums
+    sc = (scw >> shift) & 0xFF
     if HIGH:
-        return gl.inline_asm_elementwise(_MMA_HIGH, _CONSTRAINTS, [q, x], dtype=gl.int32, is_pure=True, pack=4)
+        h = gl.inline_asm_elementwise(_HIGH_H, _ARGS, [q, xw, sc, h], dtype=gl.int32, is_pure=True, pack=4)
+        low = gl.inline_asm_elementwise(_HIGH_L, _ARGS, [q, xw, sc, low], dtype=gl.int32, is_pure=True, pack=4)
     else:
-        return gl.inline_asm_elementwise(_MMA_LOW, _CONSTRAINTS, [q, x], dtype=gl.int32, is_pure=True, pack=4)
+        h = gl.inline_asm_elementwise(_LOW_H, _ARGS, [q, xw, sc, h], dtype=gl.int32, is_pure=True, pack=4)
+        low = gl.inline_asm_elementwise(_LOW_L, _ARGS, [q, xw, sc, low], dtype=gl.int32, is_pure=True, pack=4)
+    hm += ((scw >> (shift + 8)) & 0xFF) * xsum
+    return h, low, hm
 
 
 @gluon.jit
-def _half(q, xq_ptr, x_off, xs_ptr, s_off, scw, d, dmin, sc_shift, t, M, HIGH: gl.constexpr):
-    """The contribution of sub-blocks ``2 HIGH + j`` (j = 0, 1) of span ``t``: [W, T, G, 2, 8, 4, 4]."""
-    xw = gl.load(xq_ptr + x_off + (t * 16 + 8 * HIGH) * 4)
-    v = _sums(q, xw, HIGH).to(gl.float32)
-    at = s_off + (t * 4 + 2 * HIGH) * M * 2
-    xs = gl.load(xs_ptr + at)
-    xa = gl.load(xs_ptr + at + 1)
-    sc = ((scw >> sc_shift) & 0xFF).to(gl.float32)
-    mn = ((scw >> (sc_shift + 8)) & 0xFF).to(gl.float32)
-    return v * ((d * sc) * xs) - (dmin * mn) * xa
+def _span(t, sums, qw_ptr, q_off, sc_ptr, sc_off, xq_ptr, x_off, xsum_ptr, xsum_off, MP):
+    """Span ``t``'s four sub-blocks added to the block's integer sums."""
+    q0 = gl.load(qw_ptr + q_off + t * 16)
+    q1 = gl.load(qw_ptr + q_off + t * 16 + 8)
+    sc01 = gl.load(sc_ptr + sc_off + t * 2)  # sub-blocks 4 t, 4 t + 1 (low, high 16 bits)
+    sc23 = gl.load(sc_ptr + sc_off + t * 2 + 1)
+    xb = xq_ptr + x_off + t * 64
+    xsb = xsum_ptr + xsum_off + (t * 4) * MP
+    sums = _sub_block(q0, gl.load(xb), sc01, gl.load(xsb), 0, sums, False)
+    sums = _sub_block(q1, gl.load(xb + 16), sc01, gl.load(xsb + MP), 16, sums, False)
+    sums = _sub_block(q0, gl.load(xb + 32), sc23, gl.load(xsb + 2 * MP), 0, sums, True)
+    sums = _sub_block(q1, gl.load(xb + 48), sc23, gl.load(xsb + 3 * MP), 16, sums, True)
+    return sums
 
 
 @gluon.jit
-def _span(t, qw_ptr, q_off, dm_ptr, dm_off, sc_ptr, sc_off, sc_shift, xq_ptr, x_off, xs_ptr, s_off, M):
-    """Span ``t``'s contribution to the accumulator [W, T, G, 2, 8, 4, 4]."""
-    q = gl.load(qw_ptr + q_off + t * 16)
-    dmw = gl.load(dm_ptr + dm_off + t // 2)
-    d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-    dmin = ((dmw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-    lo = _half(q, xq_ptr, x_off, xs_ptr, s_off, gl.load(sc_ptr + sc_off + t * 2), d, dmin, sc_shift, t, M, False)
-    hi = _half(q, xq_ptr, x_off, xs_ptr, s_off, gl.load(sc_ptr + sc_off + t * 2 + 1), d, dmin, sc_shift, t, M,
-               True)
-    return lo + hi
-
-
-@gluon.jit
-def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, res_ptr, y_ptr, M, N, NT,
+def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, res_ptr, y_ptr, M, MP, N, NT,
                          HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, T: gl.constexpr, G: gl.constexpr,
                          SPLIT: gl.constexpr):
     """Grid (cdiv(M, 8 G), cdiv(N, 16 T num_warps), SPLIT): a program owns G groups of 8 activation
-    rows, a warp T tiles of 16 weight rows, a split ``cdiv(NT, SPLIT)`` spans. ``y`` (M, N), or with
-    SPLIT > 1 the partials (SPLIT, M, N) (bias and residual are then added by the reduction)."""
+    rows, a warp T tiles of 16 weight rows, a split ``cdiv(NT / 2, SPLIT)`` blocks. ``y`` (M, N), or
+    with SPLIT > 1 the partials (SPLIT, M, N) (bias and residual are then added by the reduction).
+    x's tables have a row stride ``MP`` (M rounded up to 16)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
-    # axes [warp, tile, group, j, g, c, e]
-    L: gl.constexpr = gl.BlockedLayout([1, T, G, 2, 1, 1, 4], [1, 1, 1, 1, 8, 4, 1], [W, 1, 1, 1, 1, 1, 1],
+    # axes [warp, tile, group, g, c, r, p]: weight row g + 8 r, activation row 2 c + p
+    L: gl.constexpr = gl.BlockedLayout([1, T, G, 1, 1, 2, 2], [1, 1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1, 1],
                                        [6, 5, 4, 3, 2, 1, 0])
-    LY: gl.constexpr = gl.SliceLayout(3, L)  # [W, T, G, 8, 4, 4]
-
     pid_m = gl.program_id(0)
     pid = gl.program_id(1)
     s_id = gl.program_id(2)
-    aw, at, ag_, aj = ax(W, 0, 7, L), ax(T, 1, 7, L), ax(G, 2, 7, L), ax(2, 3, 7, L)
-    ag, ac, ae = ax(8, 4, 7, L), ax(4, 5, 7, L), ax(4, 6, 7, L)
-    # A: words 8 j + 2 c + e % 2 of row g + 8 (e // 2)
-    row = gl.minimum(pid * BN + (aw * T + at) * 16 + ag + 8 * (ae // 2), N - 1).to(gl.int64)
-    q_off = row * (NT * 16) + aj * 8 + ac * 2 + ae % 2
-    # B: activation row g of the group, 8-value run c of sub-block j: words (t * 16 + 4 s + c) * 4 + e
+    aw, at, ag_ = ax(W, 0, 7, L), ax(T, 1, 7, L), ax(G, 2, 7, L)
+    ag, ac, ar, ap = ax(8, 3, 7, L), ax(4, 4, 7, L), ax(2, 5, 7, L), ax(2, 6, 7, L)
+    rows = pid * BN + (aw * T + at) * 16 + ag + 8 * ar
+    row = gl.minimum(rows, N - 1).to(gl.int64)
+    q_off = row * (NT * 16) + ac * 2 + ap  # word X + p of the sub-block's run
+    sc_off = row * (NT * 2)  # word 2 t + s // 2 holds sub-block 4 t + s's (scale, min) at 16 (s % 2)
+    dm_off = row * (NT // 2)  # word b: d (low 16 bits), dmin (high)
+    # B: activation row g of the group, 8-value run c of a sub-block: words (16 t + 4 s + c) * 4 + 2 r + p
     xrow = gl.minimum((pid_m * G + ag_) * 8 + ag, M - 1).to(gl.int64)
-    x_off = xrow * (NT * 64) + (aj * 4 + ac) * 4 + ae
-    # block scale and sum of x: (K / 32, M, 2) at sub-block t * 4 + s, activation row 2 c + e % 2
-    xcol = gl.minimum((pid_m * G + ag_) * 8 + ac * 2 + ae % 2, M - 1)
-    s_off = (aj * M + xcol) * 2
-    # scale words: word 2 t + s // 2 of the row holds sub-blocks 4 t + s (s even: low 16 bits)
-    sc_off = row * (NT * 2)
-    sc_shift = aj * 16
-    dm_off = row * (NT // 2)
+    x_off = xrow * (NT * 64) + ac * 4 + ar * 2 + ap
+    # x's per-block scale (NT / 2, MP) and per-sub-block integer sums (2 NT, MP) at activation row 2 c + p
+    cols = (pid_m * G + ag_) * 8 + ac * 2 + ap
+    xsum_off = cols
 
-    per = gl.cdiv(NT, SPLIT)
-    lo = s_id * per
-    hi = gl.minimum(lo + per, NT)
-    acc = gl.zeros([W, T, G, 2, 8, 4, 4], gl.float32, layout=L)
-    for t in range(lo, hi):
-        acc += _span(t, qw_ptr, q_off, dm_ptr, dm_off, sc_ptr, sc_off, sc_shift, xq_ptr, x_off, xs_ptr, s_off, M)
-    y = gl.sum(acc, axis=3)
-    yw, yt, yg_ = ax(W, 0, 6, LY), ax(T, 1, 6, LY), ax(G, 2, 6, LY)
-    yg, yc, ye = ax(8, 3, 6, LY), ax(4, 4, 6, LY), ax(4, 5, 6, LY)
-    rows = pid * BN + (yw * T + yt) * 16 + yg + 8 * (ye // 2)
-    cols = (pid_m * G + yg_) * 8 + yc * 2 + ye % 2
+    nb = NT // 2
+    per = gl.cdiv(nb, SPLIT)
+    first = s_id * per
+    last = gl.minimum(first + per, nb)
+    acc = gl.zeros([W, T, G, 8, 4, 2, 2], gl.float32, layout=L)
+    zero = gl.zeros([W, T, G, 8, 4, 2, 2], gl.int32, layout=L)
+    for b in range(first, last):
+        sums = _span(2 * b, (zero, zero, zero), qw_ptr, q_off, sc_ptr, sc_off, xq_ptr, x_off, xsum_ptr, xsum_off, MP)
+        h, low, hm = _span(2 * b + 1, sums, qw_ptr, q_off, sc_ptr, sc_off, xq_ptr, x_off, xsum_ptr, xsum_off, MP)
+        dmw = gl.load(dm_ptr + dm_off + b)
+        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        dmin = ((dmw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        xs = gl.load(xs_ptr + b * MP + cols)
+        acc += xs * (d * (h.to(gl.float32) * 256.0 + low.to(gl.float32)) - dmin * hm.to(gl.float32))
     mask = (rows < N) & (cols < M)
     out = cols.to(gl.int64) * N + rows
     if SPLIT == 1:
         if HAS_BIAS:
-            y += gl.load(bias_ptr + rows, mask=mask, other=0.0)
+            acc += gl.load(bias_ptr + rows, mask=mask, other=0.0)
         if HAS_RES:
-            y += gl.load(res_ptr + out, mask=mask, other=0.0)
-        gl.store(y_ptr + out, y, mask=mask)
+            acc += gl.load(res_ptr + out, mask=mask, other=0.0)
+        gl.store(y_ptr + out, acc, mask=mask)
     else:
-        gl.store(y_ptr + s_id * M * N + out, y, mask=mask)
+        gl.store(y_ptr + s_id * M * N + out, acc, mask=mask)
 
 
 @triton.jit
@@ -169,9 +169,9 @@ def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
-    xq, xs = quantize_x(x, norm, swiglu, rows=True)
-    qw32, sc32, dm32 = plane.words()
     groups = min(groups, triton.next_power_of_2(triton.cdiv(m, 8)))
+    xq, xs, xsum = quantize_x(x, norm, swiglu, rows=True, pad=max(16, 8 * groups))
+    qw32, sc32, dm32 = plane.words()
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     if residual is not None:
@@ -179,7 +179,7 @@ def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int
     b = bias if bias is not None else y
     r = residual if residual is not None else y
     grid = (triton.cdiv(m, 8 * groups), triton.cdiv(n, 16 * tiles * num_warps), split)
-    _gemm_q4p_mma_kernel[grid](xq, xs, qw32, sc32, dm32, b, r, out, m, n, nt,
+    _gemm_q4p_mma_kernel[grid](xq, xs, xsum, qw32, sc32, dm32, b, r, out, m, xs.shape[1], n, nt,
                                HAS_BIAS=bias is not None, HAS_RES=residual is not None, T=tiles, G=groups,
                                SPLIT=split, num_warps=num_warps)
     if split > 1:
