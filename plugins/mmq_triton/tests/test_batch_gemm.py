@@ -16,7 +16,7 @@ from test_decode_mma import check_prologues
 pytestmark = pytest.mark.cuda
 
 #: (tiles, groups, warps, split)
-CONFIGS = [(1, 1, 4, 1), (1, 2, 4, 3), (2, 2, 4, 4), (1, 4, 2, 8)]
+CONFIGS = [(1, 1, 4, 1), (1, 2, 4, 3), (2, 1, 4, 4), (1, 4, 2, 8)]
 
 
 def _fn(w, cfg):

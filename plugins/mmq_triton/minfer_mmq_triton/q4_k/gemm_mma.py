@@ -74,19 +74,35 @@ def _sub_block(q, xw, scw, xsum, shift: gl.constexpr, sums, HIGH: gl.constexpr):
 
 
 @gluon.jit
-def _span(t, sums, qw_ptr, q_off, sc_ptr, sc_off, xq_ptr, x_off, xsum_ptr, xsum_off, MP):
-    """Span ``t``'s four sub-blocks added to the block's integer sums."""
-    q0 = gl.load(qw_ptr + q_off + t * 16)
-    q1 = gl.load(qw_ptr + q_off + t * 16 + 8)
-    sc01 = gl.load(sc_ptr + sc_off + t * 2)  # sub-blocks 4 t, 4 t + 1 (low, high 16 bits)
-    sc23 = gl.load(sc_ptr + sc_off + t * 2 + 1)
+def _load_span(t, qw_ptr, q_off, sc_ptr, sc_off):
+    """Span ``t``'s weight words: (words X + p of sub-blocks 0 and 2, of 1 and 3, scale words of
+    sub-blocks 0 and 1, of 2 and 3)."""
+    return (gl.load(qw_ptr + q_off + t * 16), gl.load(qw_ptr + q_off + t * 16 + 8),
+            gl.load(sc_ptr + sc_off + t * 2), gl.load(sc_ptr + sc_off + t * 2 + 1))
+
+
+@gluon.jit
+def _span(t, w, sums, xq_ptr, x_off, xsum_ptr, cols, MP):
+    """Span ``t``'s four sub-blocks (weight words ``w``) added to the block's integer sums."""
+    q0, q1, sc01, sc23 = w
     xb = xq_ptr + x_off + t * 64
-    xsb = xsum_ptr + xsum_off + (t * 4) * MP
+    xsb = xsum_ptr + cols + (t * 4) * MP
     sums = _sub_block(q0, gl.load(xb), sc01, gl.load(xsb), 0, sums, False)
     sums = _sub_block(q1, gl.load(xb + 16), sc01, gl.load(xsb + MP), 16, sums, False)
     sums = _sub_block(q0, gl.load(xb + 32), sc23, gl.load(xsb + 2 * MP), 0, sums, True)
     sums = _sub_block(q1, gl.load(xb + 48), sc23, gl.load(xsb + 3 * MP), 16, sums, True)
     return sums
+
+
+@gluon.jit
+def _block(b, wa, wb, dmw, acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP):
+    """Block ``b`` (weight words ``wa``, ``wb`` of its spans, scale word ``dmw``) added to ``acc``."""
+    sums = _span(2 * b, wa, (zero, zero, zero), xq_ptr, x_off, xsum_ptr, cols, MP)
+    h, low, hm = _span(2 * b + 1, wb, sums, xq_ptr, x_off, xsum_ptr, cols, MP)
+    d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    dmin = ((dmw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    xs = gl.load(xs_ptr + b * MP + cols)
+    return acc + xs * (d * (h.to(gl.float32) * 256.0 + low.to(gl.float32)) - dmin * hm.to(gl.float32))
 
 
 @gluon.jit
@@ -96,7 +112,7 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     """Grid (cdiv(M, 8 G), cdiv(N, 16 T num_warps), SPLIT): a program owns G groups of 8 activation
     rows, a warp T tiles of 16 weight rows, a split ``cdiv(NT / 2, SPLIT)`` blocks. ``y`` (M, N), or
     with SPLIT > 1 the partials (SPLIT, M, N) (bias and residual are then added by the reduction).
-    x's tables have a row stride ``MP`` (M rounded up to 16)."""
+    x's tables have a row stride ``MP`` >= 8 G cdiv(M, 8 G)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, group, g, c, r, p]: weight row g + 8 r, activation row 2 c + p
@@ -117,7 +133,6 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     x_off = xrow * (NT * 64) + ac * 4 + ar * 2 + ap
     # x's per-block scale (NT / 2, MP) and per-sub-block integer sums (2 NT, MP) at activation row 2 c + p
     cols = (pid_m * G + ag_) * 8 + ac * 2 + ap
-    xsum_off = cols
 
     nb = NT // 2
     per = gl.cdiv(nb, SPLIT)
@@ -126,13 +141,9 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     acc = gl.zeros([W, T, G, 8, 4, 2, 2], gl.float32, layout=L)
     zero = gl.zeros([W, T, G, 8, 4, 2, 2], gl.int32, layout=L)
     for b in range(first, last):
-        sums = _span(2 * b, (zero, zero, zero), qw_ptr, q_off, sc_ptr, sc_off, xq_ptr, x_off, xsum_ptr, xsum_off, MP)
-        h, low, hm = _span(2 * b + 1, sums, qw_ptr, q_off, sc_ptr, sc_off, xq_ptr, x_off, xsum_ptr, xsum_off, MP)
-        dmw = gl.load(dm_ptr + dm_off + b)
-        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        dmin = ((dmw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        xs = gl.load(xs_ptr + b * MP + cols)
-        acc += xs * (d * (h.to(gl.float32) * 256.0 + low.to(gl.float32)) - dmin * hm.to(gl.float32))
+        wa = _load_span(2 * b, qw_ptr, q_off, sc_ptr, sc_off)
+        wb = _load_span(2 * b + 1, qw_ptr, q_off, sc_ptr, sc_off)
+        acc = _block(b, wa, wb, gl.load(dm_ptr + dm_off + b), acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)
     mask = (rows < N) & (cols < M)
     out = cols.to(gl.int64) * N + rows
     if SPLIT == 1:
