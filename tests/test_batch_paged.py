@@ -291,7 +291,7 @@ def test_gpu_graph_replay_equals_eager(synth_05b, n):
     assert inputs.shape[0] in graphs.graphs and not graphs.failed
     assert torch.equal(graphed, eager)
     batch, _ = be.packer.mixed(work, be.model.device)
-    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile), eager[:n])
+    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile, be.rows), eager[:n])
     assert be.model.rt.counts["mmq.attn.paged"] > 0
 
 
