@@ -89,6 +89,8 @@ class BatchEngine:
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
+        # one sequence at a time: its decode steps run the single-stream decode kernels
+        self.single = parallel == 1
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (64 if self.model.device.type == "cuda" else 16)
@@ -250,7 +252,7 @@ class BatchEngine:
                     logits.index_select(0, torch.tensor(sampled, device=dev))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
-                logits = self.model.forward_batch(batch, self.block_size, self.row_tile, self.rows)
+                logits = self.model.forward_batch(batch, self.block_size, self.row_tile, self.rows, self.single)
             tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:  # the step failed: end its requests, keep serving the others
             if self.engine.ctx.trace:
@@ -264,7 +266,7 @@ class BatchEngine:
             self._accept(work[i].seq, token)
 
     def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
-        return decode_rows(self.model, inputs, self.block_size, self.row_tile, self.rows)
+        return decode_rows(self.model, inputs, self.block_size, self.row_tile, self.rows, self.single)
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """The next token of each sequence from its row of ``logits``: one argmax over every

@@ -75,14 +75,18 @@ def row_tiles(n: int, tile: int) -> list[slice]:
 class _Linears:
     """The step's matmuls: ``[residual +] f(x) @ W.T`` for each named weight, on its row-invariant
     kernel when the plan has one, else over padded tiles of ``tile`` rows (``f``: the optional
-    RMSNorm ``norm=(w, eps)`` or SwiGLU)."""
+    RMSNorm ``norm=(w, eps)`` or SwiGLU); with ``decode``, the single-stream decode kernels."""
 
-    def __init__(self, model, tile: int, rows: bool):
-        self.rt, self.tile, self.rows = model.rt, tile, rows
+    def __init__(self, model, tile: int, rows: bool, decode: bool = False):
+        self.rt, self.tile, self.rows, self.decode = model.rt, tile, rows, decode
 
     def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
                  residual: torch.Tensor | None = None, plain_norm: bool = False) -> list[torch.Tensor]:
         rt, T = self.rt, x.shape[0]
+        if self.decode:  # as Transformer.decode_step calls them
+            if norm is not None and residual is None and not swiglu:
+                return rt.decode_normed(names, x, norm)
+            return [rt.decode_linear(n, x, residual=residual, norm=norm, swiglu=swiglu) for n in names]
         out: dict[str, torch.Tensor] = {}
         for n in names if self.rows else ():
             if n in rt.plan.batch:
@@ -105,17 +109,20 @@ class _Linears:
         return [out[n] for n in names]
 
 
-def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True) -> torch.Tensor:
+def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True, single: bool = False) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
     cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``.
-    ``rows=False``: every weight over row tiles, even where a row-invariant kernel exists."""
+    ``rows=False``: every weight over row tiles, even where a row-invariant kernel exists.
+    ``single`` (an engine of one sequence, never batched with another): a step of one decode row
+    runs the single-stream decode kernels (prompt rows keep the batched kernels, so a prefix hit
+    changes nothing)."""
     cfg, rt, p = model.cfg, model.rt, model.p
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
-    lin = _Linears(model, tile, rows)
     cos, sin = model.cos[b.positions], model.sin[b.positions]
     neox = cfg.rope_style == "neox"
     all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
+    lin = _Linears(model, tile, rows, decode=single and all_single and T == 1)
     h = model.embed(b.tokens)
     for i in range(cfg.n_layers):
         lw = p.layers[i]
@@ -147,7 +154,8 @@ def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True
     return lin(["output"], last, norm=(p.out_norm, cfg.rms_eps), plain_norm=True)[0]
 
 
-def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: bool = True) -> torch.Tensor:
+def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: bool = True,
+                single: bool = False) -> torch.Tensor:
     """A decode-only step from one packed int64 device tensor ``inputs`` (E, 4 + max_blocks):
     per entry its token, position, slot, seq_len and block table (E a bucket; padding entries
     point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""
@@ -155,4 +163,4 @@ def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: b
     entries = torch.arange(e, device=inputs.device)
     b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], entries, entries,
               inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
-    return forward_batch(model, b, block_size, tile, rows)
+    return forward_batch(model, b, block_size, tile, rows, single)

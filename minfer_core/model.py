@@ -229,8 +229,8 @@ class Transformer:
             h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
         return self.head(h)
 
-    def forward_batch(self, b, block_size: int, tile: int, rows: bool = True) -> torch.Tensor:
+    def forward_batch(self, b, block_size: int, tile: int, rows: bool = True, single: bool = False) -> torch.Tensor:
         """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
         from .batch_forward import forward_batch
 
-        return forward_batch(self, b, block_size, tile, rows)
+        return forward_batch(self, b, block_size, tile, rows, single)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -205,7 +206,8 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
     """A third-party plugin offering ``minfer_batch_matmul_candidates`` (row by row in float64 here)
     gets every weight of the batched step: called once per weight with all of the step's rows (no
     padding to tiles), RMSNorm / SwiGLU / residual passed to it as its ``fuses`` says; a request's
-    tokens stay the same alone or among others; ``rows=False`` leaves it out."""
+    tokens stay the same alone or among others; ``rows=False`` leaves it out; an engine of one
+    sequence gives it the prompt rows only."""
     monkeypatch.delenv("MINFER_LOAD_PLUGINS", raising=False)
     (tmp_path / "site").mkdir()
     mod = install_fake(tmp_path / "site", monkeypatch, """
@@ -273,6 +275,20 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
     generate(tiled, [[target]])
     assert fake.calls == []
 
+    # an engine of one sequence: its prompt rows on the plugin's kernel, its decode steps on the
+    # plan's decode kernels (as the single-stream engine runs them); a prefix hit changes nothing
+    rt = eng.model.rt
+    single = BatchEngine(eng, parallel=1, max_queue=8, n_blocks=48, segment=32, step_tokens=128)
+    before = Counter(rt.counts)
+    first, (r1,) = generate(single, [[target]])
+    assert {(c[0] == "output", c[1]) for c in fake.calls} == {(False, len(target)), (True, 1)}
+    assert sum(c[0] == "output" for c in fake.calls) == 1  # the prompt step's logits only
+    assert all(rt.counts[c.label] >= before[c.label] + 5 for c in eng.plan.decode.values())  # 5 decode steps
+    fake.calls.clear()
+    again, (r2,) = generate(single, [[target]])
+    assert again[r2.id] == first[r1.id] and len(first[r1.id]) == 6
+    assert all(c[1] < len(target) for c in fake.calls)  # the prompt's prefix was reused
+
 
 # -- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.cuda
@@ -291,7 +307,8 @@ def test_gpu_graph_replay_equals_eager(synth_05b, n):
     assert inputs.shape[0] in graphs.graphs and not graphs.failed
     assert torch.equal(graphed, eager)
     batch, _ = be.packer.mixed(work, be.model.device)
-    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile, be.rows), eager[:n])
+    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile, be.rows, be.single),
+                       eager[:n])
     assert be.model.rt.counts["mmq.attn.paged"] > 0
 
 
