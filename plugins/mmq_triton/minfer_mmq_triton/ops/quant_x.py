@@ -1,8 +1,8 @@
 """The int8 decode GEMVs' activation quantizer (fused RMSNorm or SwiGLU first), and ``dp4a``.
 
 The activation row is quantized once per call (``_quant_x_kernel``) to two int8 digits per
-value: per 32-value block (256 with ``rows``) ``s = max|x| / 127``, ``h = round(x / s)``, ``l = round(256 (x/s - h))``,
-so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-grade for a
+value: per 32-value block (256 with ``rows``) ``s = max|x| / 127``, ``h = round(x / s)``,
+``l = round(256 (x/s - h))``, so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-grade for a
 dot product; a single int8 digit, as llama.cpp uses, would be 2^-8). The kernel also keeps the
 exact float sums of every 16 values for the min / offset terms.
 
@@ -44,7 +44,8 @@ def dp4a(a, b, USE_ASM: tl.constexpr):
 @triton.jit
 def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, MP,
                     QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
-    """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums.
+    """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums
+    (ROWS: the batched GEMMs' tables, see :func:`quantize_x`; ``MP``: their row stride).
 
     PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
     sums the squares of the whole row, RB values at a time); 2 SwiGLU of a (M, 2K) row
@@ -70,8 +71,8 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
         x = x * tl.sigmoid(x) * u
     amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
     if ROWS:  # one scale per 256 values: the largest of its eight 32-value blocks
-        amax = tl.max(tl.reshape(amax, [QB // 8, 8]), axis=1)
-        amax = tl.reshape(tl.broadcast_to(amax[:, None], [QB // 8, 8]), [QB])
+        a256 = tl.max(tl.reshape(amax, [QB // 8, 8]), axis=1)
+        amax = tl.reshape(tl.broadcast_to(a256[:, None], [QB // 8, 8]), [QB])
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     t = x * inv[:, None, None]
     h = tl.floor(t + 0.5)
@@ -86,8 +87,7 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
         tl.store(xh_ptr + at, h.to(tl.int8), mask=bmask[:, None, None])
         tl.store(xh_ptr + at + 8, lo.to(tl.int8), mask=bmask[:, None, None])
         b8 = tl.program_id(1) * (QB // 8) + tl.arange(0, QB // 8)
-        s8 = tl.max(tl.reshape(amax, [QB // 8, 8]), axis=1)
-        tl.store(xs_ptr + b8 * MP + m, s8 / (127.0 * 256.0), mask=b8 < K // 256)
+        tl.store(xs_ptr + b8 * MP + m, a256 / (127.0 * 256.0), mask=b8 < K // 256)
         isum = tl.sum(tl.sum(h * 256.0 + lo, axis=2), axis=1)  # |isum| <= 32 * 32767: exact in float32
         tl.store(x16_ptr + b * MP + m, isum.to(tl.int32), mask=bmask)
     else:
