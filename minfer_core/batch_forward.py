@@ -1,8 +1,9 @@
 """The batched forward over the paged KV pool (the batched engine's step).
 
 A step holds rows of any mix of sequences: prompt segments (several rows attending together) and
-single rows (a decode token, or a generated token recomputed after preemption). A weight with a
-row-invariant kernel (``plan.batch``: its rows' bits never depend on the row count) multiplies all
+single rows (a decode token, or a generated token recomputed after preemption). Each layer is the
+model's one block (``Transformer.layer``) with this module's attention and the batched matmuls
+(:class:`~minfer_core.matmuls.BatchMatmuls`): a weight with a row-invariant kernel (``plan.batch``: its rows' bits never depend on the row count) multiplies all
 rows at once, RMSNorm, SwiGLU and the residual fused as its candidate says; every other weight,
 with its norms, runs over fixed tiles of ``tile`` rows (padded), so a row never shares a matmul
 shape with a different number of rows. RoPE and the K/V write run in
@@ -22,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from .reference import rmsnorm_rows as rmsnorm
+from .matmuls import BatchMatmuls, DecodeMatmuls
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # entry counts of the paged attention (and of graphs)
 
@@ -68,47 +68,6 @@ class Batch:
     n_single: int
 
 
-def row_tiles(n: int, tile: int) -> list[slice]:
-    return [slice(r, r + tile) for r in range(0, n, tile)]
-
-
-class _Linears:
-    """The step's matmuls: ``[residual +] f(x) @ W.T`` for each named weight, on its row-invariant
-    kernel when the plan has one, else over padded tiles of ``tile`` rows (``f``: the optional
-    RMSNorm ``norm=(w, eps)`` or SwiGLU); with ``decode``, the single-stream decode kernels."""
-
-    def __init__(self, model, tile: int, rows: bool, decode: bool = False):
-        self.rt, self.tile, self.rows, self.decode = model.rt, tile, rows, decode
-
-    def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
-                 residual: torch.Tensor | None = None, plain_norm: bool = False) -> list[torch.Tensor]:
-        rt, T = self.rt, x.shape[0]
-        if self.decode:  # as Transformer.decode_step calls them
-            if norm is not None and residual is None and not swiglu:
-                return rt.decode_normed(names, x, norm)
-            return [rt.decode_linear(n, x, residual=residual, norm=norm, swiglu=swiglu) for n in names]
-        out: dict[str, torch.Tensor] = {}
-        for n in names if self.rows else ():
-            if n in rt.plan.batch:
-                out[n] = rt.batch_linear(n, x, residual=residual, norm=norm, swiglu=swiglu)
-        tiled = [n for n in names if n not in out]
-        if tiled:
-            xp = F.pad(x, (0, 0, 0, -T % self.tile))
-            parts: dict[str, list[torch.Tensor]] = {n: [] for n in tiled}
-            for t in row_tiles(xp.shape[0], self.tile):
-                a = xp[t]
-                if norm is not None:
-                    a = rt.produce(rmsnorm(a, *norm)) if plain_norm else rt.rmsnorm(a, *norm)
-                elif swiglu:
-                    a = rt.swiglu(a)
-                for n in tiled:
-                    parts[n].append(rt.linear(n, a))
-            for n in tiled:
-                y = torch.cat(parts[n])[:T]
-                out[n] = y if residual is None else residual + y
-        return [out[n] for n in names]
-
-
 def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True, single: bool = False) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
     cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``.
@@ -122,15 +81,13 @@ def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True
     cos, sin = model.cos[b.positions], model.sin[b.positions]
     neox = cfg.rope_style == "neox"
     all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
-    lin = _Linears(model, tile, rows, decode=single and all_single and T == 1)
-    h = model.embed(b.tokens)
-    for i in range(cfg.n_layers):
-        lw = p.layers[i]
-        q, k, v = model.split_qkv(lin(lw.attn, h, norm=(p.attn_norm[i], cfg.rms_eps)))
+    mm = DecodeMatmuls(rt) if single and all_single and T == 1 else BatchMatmuls(rt, tile, rows)
+
+    def attend(i, q, k, v):
         q = rt._run(rt.pre_rope_kv, q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D),
                     cos, sin, model.cache.k[i], model.cache.v[i], b.slots, neox)
         kp, vp = model.cache.pages(i, block_size)
-        o = torch.zeros(T, H * D, device=h.device, dtype=torch.float32)
+        o = torch.zeros(T, H * D, device=q.device, dtype=torch.float32)
         if b.n_single:
             qs = q if all_single else q.index_select(0, b.single_rows)
             out = rt._run(rt.attn_paged, qs, kp, vp, b.tables, b.lens)
@@ -144,14 +101,16 @@ def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True
             for r0, r1, p0 in s.calls:
                 o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:p0 + r1 - r0], vs[:p0 + r1 - r0], p0).reshape(
                     r1 - r0, H * D)
-        h = lin([lw.o], o.contiguous(), residual=h)[0]
-        gu = model.join_gate_up(lin(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps)))
-        h = lin([lw.down], gu, swiglu=True, residual=h)[0]
+        return o.contiguous()
+
+    h = model.embed(b.tokens)
+    for i in range(cfg.n_layers):
+        h = model.layer(i, h, mm, attend)
     L = b.logit_rows.shape[0]
     if L == 0:
         return h.new_zeros(0, cfg.vocab_size)
     last = h.index_select(0, b.logit_rows)
-    return lin(["output"], last, norm=(p.out_norm, cfg.rms_eps), plain_norm=True)[0]
+    return mm(["output"], last, norm=(p.out_norm, cfg.rms_eps), plain_norm=True)[0]
 
 
 def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: bool = True,

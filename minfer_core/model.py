@@ -1,8 +1,11 @@
 """The transformer (Qwen2 and Llama families) over a resolved dispatch plan.
 
 Reads top-down: rotary tables, KV cache, the runtime that calls the planned kernels, then the
-model. A block is ``h += attn(norm(h)); h += ffn(norm(h))``. The forward makes no hook calls and
-reads no environment: every kernel was chosen at load time (``minfer_core.dispatch``).
+model. A block is ``h += attn(norm(h)); h += ffn(norm(h))``: one body, :meth:`Transformer.layer`,
+for every pass (a prompt, a single-stream decode step, a batched step over the paged pool), given
+the pass's matmuls (:mod:`minfer_core.matmuls`) and attention (which writes K/V at the rows'
+positions: a contiguous cache from ``start``, or pool slots and block tables). The forward makes no
+hook calls and reads no environment: every kernel was chosen at load time (``minfer_core.dispatch``).
 Shapes: T tokens, H query heads, Hkv KV heads, D head dim, E embedding width.
 """
 
@@ -15,10 +18,9 @@ import torch.nn.functional as F
 from .model_config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
+from .matmuls import PREFILL_ROWS, DecodeMatmuls, PromptMatmuls
 from .reference import rmsnorm_rows as rmsnorm
 from .weights import Activation, Weight
-
-PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
 
 
 def rope_tables(cfg: ModelConfig, n_ctx: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,12 +165,14 @@ class Transformer:
         """``[g | u]`` from the outputs of a layer's ffn input weights (one fused gate_up, or two)."""
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
-    def qkv(self, i: int, a) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.split_qkv([self.rt.linear(n, a) for n in self.p.layers[i].attn])
-
-    def ffn(self, i: int, a) -> torch.Tensor:
-        gu = self.join_gate_up([self.rt.linear(n, a) for n in self.p.layers[i].ffn])
-        return self.rt.linear(self.p.layers[i].down, self.rt.swiglu(gu))
+    def layer(self, i: int, h: torch.Tensor, mm, attend) -> torch.Tensor:
+        """Block ``i`` over hidden rows ``h`` (T, E): ``mm`` multiplies (:mod:`minfer_core.matmuls`),
+        ``attend(i, q, k, v)`` applies RoPE, writes K/V and returns the attention output (T, H D)."""
+        cfg, p, lw = self.cfg, self.p, self.p.layers[i]
+        q, k, v = self.split_qkv(mm(lw.attn, h, norm=(p.attn_norm[i], cfg.rms_eps)))
+        h = mm([lw.o], attend(i, q, k, v), residual=h)[0]
+        gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps)))
+        return mm([lw.down], gu, swiglu=True, residual=h)[0]
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         if h.shape[0] < PREFILL_ROWS:
@@ -197,16 +201,16 @@ class Transformer:
         if start + T > self.n_ctx:
             raise ValueError(f"context full: {start + T} tokens > n_ctx {self.n_ctx}")
         cos, sin = self.cos[start:start + T], self.sin[start:start + T]
-        h = self.embed(tokens)
+        rt, neox = self.rt, cfg.rope_style == "neox"
+
+        def attend(i, q, k, v):
+            q = rt._run(rt.pre_rope_kv, q.view(T, cfg.n_heads, cfg.head_dim), k.view(T, cfg.n_kv_heads, cfg.head_dim),
+                        v.view(T, cfg.n_kv_heads, cfg.head_dim), cos, sin, c.k[i], c.v[i], start, neox)
+            return rt._run(rt.attn_prefill, q, c.k[i, :start + T], c.v[i, :start + T], start)
+
+        h, mm = self.embed(tokens), PromptMatmuls(rt)
         for i in range(cfg.n_layers):
-            a = self.rt.rmsnorm(h, self.p.attn_norm[i], cfg.rms_eps)
-            q, k, v = self.qkv(i, a)
-            q = self.rt._run(self.rt.pre_rope_kv, q.view(T, cfg.n_heads, cfg.head_dim),
-                             k.view(T, cfg.n_kv_heads, cfg.head_dim), v.view(T, cfg.n_kv_heads, cfg.head_dim),
-                             cos, sin, c.k[i], c.v[i], start, cfg.rope_style == "neox")
-            o = self.rt._run(self.rt.attn_prefill, q, c.k[i, :start + T], c.v[i, :start + T], start)
-            h = h + self.rt.linear(self.p.layers[i].o, self.rt.produce(o) if T >= PREFILL_ROWS else o)
-            h = h + self.ffn(i, self.rt.rmsnorm(h, self.p.ffn_norm[i], cfg.rms_eps))
+            h = self.layer(i, h, mm, attend)
         return h
 
     def decode_step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -218,15 +222,14 @@ class Transformer:
         cos, sin = self.cos[pos], self.sin[pos]
         n_valid = (pos + 1).to(torch.int32).reshape(())
         neox = cfg.rope_style == "neox"
-        h = self.embed(token)
-        for i in range(cfg.n_layers):
-            lw = self.p.layers[i]
-            q, k, v = self.split_qkv(rt.decode_normed(lw.attn, h, (self.p.attn_norm[i], cfg.rms_eps)))
+
+        def attend(i, q, k, v):
             q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
-            o = rt._run(rt.attn_decode, q, c.k[i, :self.n_ctx], c.v[i, :self.n_ctx], n_valid)
-            h = rt.decode_linear(lw.o, o.view(1, -1), residual=h)
-            gu = self.join_gate_up(rt.decode_normed(lw.ffn, h, (self.p.ffn_norm[i], cfg.rms_eps)))
-            h = rt.decode_linear(lw.down, gu, residual=h, swiglu=True)
+            return rt._run(rt.attn_decode, q, c.k[i, :self.n_ctx], c.v[i, :self.n_ctx], n_valid).view(1, -1)
+
+        h, mm = self.embed(token), DecodeMatmuls(rt)
+        for i in range(cfg.n_layers):
+            h = self.layer(i, h, mm, attend)
         return self.head(h)
 
     def forward_batch(self, b, block_size: int, tile: int, rows: bool = True, single: bool = False) -> torch.Tensor:

@@ -290,6 +290,28 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
     assert all(c[1] < len(target) for c in fake.calls)  # the prompt's prefix was reused
 
 
+def test_every_pass_runs_the_models_one_block(tmp_path, monkeypatch):
+    """A prompt, a single-stream decode step and a batched step each run ``Transformer.layer`` once per
+    layer, in order, with their own matmuls (prompt, decode, batched rows or tiles)."""
+    eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
+    model, seen = eng.model, []
+    layer = model.layer
+    monkeypatch.setattr(model, "layer", lambda i, h, mm, attend: (seen.append((i, type(mm).__name__)),
+                                                                  layer(i, h, mm, attend))[1])
+    n = eng.cfg.n_layers
+    eng.prefill(list(range(3, 40)))
+    assert seen == [(i, "PromptMatmuls") for i in range(n)]
+    seen.clear()
+    eng.decode(5)
+    assert seen == [(i, "DecodeMatmuls") for i in range(n)]
+    seen.clear()
+    be = BatchEngine(eng, parallel=2, max_queue=4, n_blocks=16, segment=32, step_tokens=64)
+    be.submit(Request(list(range(3, 20)), 2, GREEDY, ignore_eos=True))
+    while be.step():
+        pass
+    assert seen == [(i, "BatchMatmuls") for i in range(n)] * 2  # the prompt step, one decode step
+
+
 # -- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 3, 8, 100])

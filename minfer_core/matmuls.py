@@ -1,0 +1,100 @@
+"""How a pass multiplies its rows by a layer's weights: one call shape, three ways.
+
+Every pass (a prompt, a single-stream decode step, a batched step) runs the same block,
+:meth:`minfer_core.model.Transformer.layer`; what differs is which kernels multiply. A matmuls
+object is called as ``mm(names, x, norm=None, swiglu=False, residual=None, plain_norm=False)`` and
+returns ``[residual +] f(x) @ W.T`` for each named weight, ``f`` the optional RMSNorm ``norm=(w,
+eps)`` (``plain_norm``: the output head's, computed by torch) or SwiGLU of ``x = [g | u]``.
+
+- :class:`PromptMatmuls`: all rows at once, on the prefill kernels from ``PREFILL_ROWS`` rows (their
+  activation producers fused), the decode kernels below. The fastest for one sequence; a row's
+  bits may depend on how many rows there are.
+- :class:`DecodeMatmuls`: one row on the decode kernels, norm / SwiGLU / residual fused into them
+  as each candidate declares.
+- :class:`BatchMatmuls`: a batched step's rows, each of whose bits must not depend on the others:
+  the plan's row-invariant kernels (``plan.batch``) over all rows, else fixed tiles of ``tile``
+  rows (padded).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .reference import rmsnorm_rows as rmsnorm
+
+PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
+
+
+def _add(ys: list[torch.Tensor], residual: torch.Tensor | None) -> list[torch.Tensor]:
+    return ys if residual is None else [residual + y for y in ys]
+
+
+class Matmuls:
+    """The call shape every pass's matmuls share (see the module docstring)."""
+
+    def __init__(self, rt):
+        self.rt = rt  # the model's Runtime
+
+    def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
+                 residual: torch.Tensor | None = None, plain_norm: bool = False) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+
+class PromptMatmuls(Matmuls):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+        rt = self.rt
+        if plain_norm:
+            if x.shape[0] < PREFILL_ROWS:
+                return _add(rt.decode_normed(names, x, norm), residual)
+            a = rmsnorm(x, *norm)
+        elif norm is not None:
+            a = rt.rmsnorm(x, *norm)
+        elif swiglu:
+            a = rt.swiglu(x)
+        else:
+            a = rt.produce(x) if x.shape[0] >= PREFILL_ROWS else x
+        return _add([rt.linear(n, a) for n in names], residual)
+
+
+class DecodeMatmuls(Matmuls):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+        rt = self.rt
+        if norm is not None and residual is None and not swiglu:
+            return rt.decode_normed(names, x, norm)
+        return [rt.decode_linear(n, x, residual=residual, norm=norm, swiglu=swiglu) for n in names]
+
+
+def row_tiles(n: int, tile: int) -> list[slice]:
+    return [slice(r, r + tile) for r in range(0, n, tile)]
+
+
+class BatchMatmuls(Matmuls):
+    """``rows=False``: every weight over tiles, even where a row-invariant kernel exists."""
+
+    def __init__(self, rt, tile: int, rows: bool):
+        super().__init__(rt)
+        self.tile, self.rows = tile, rows
+
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+        rt, T = self.rt, x.shape[0]
+        out: dict[str, torch.Tensor] = {}
+        for n in names if self.rows else ():
+            if n in rt.plan.batch:
+                out[n] = rt.batch_linear(n, x, residual=residual, norm=norm, swiglu=swiglu)
+        tiled = [n for n in names if n not in out]
+        if tiled:
+            xp = F.pad(x, (0, 0, 0, -T % self.tile))
+            parts: dict[str, list[torch.Tensor]] = {n: [] for n in tiled}
+            for t in row_tiles(xp.shape[0], self.tile):
+                a = xp[t]
+                if norm is not None:
+                    a = rt.produce(rmsnorm(a, *norm)) if plain_norm else rt.rmsnorm(a, *norm)
+                elif swiglu:
+                    a = rt.swiglu(a)
+                for n in tiled:
+                    parts[n].append(rt.linear(n, a))
+            for n in tiled:
+                y = torch.cat(parts[n])[:T]
+                out[n] = y if residual is None else residual + y
+        return [out[n] for n in names]
