@@ -75,7 +75,7 @@ def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True
     ``single`` (an engine of one sequence, never batched with another): a step of one decode row
     runs the single-stream decode kernels (prompt rows keep the batched kernels, so a prefix hit
     changes nothing)."""
-    cfg, rt, p = model.cfg, model.rt, model.p
+    cfg, rt = model.cfg, model.rt
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
     cos, sin = model.cos[b.positions], model.sin[b.positions]
@@ -109,8 +109,7 @@ def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True
     L = b.logit_rows.shape[0]
     if L == 0:
         return h.new_zeros(0, cfg.vocab_size)
-    last = h.index_select(0, b.logit_rows)
-    return mm(["output"], last, norm=(p.out_norm, cfg.rms_eps), plain_norm=True)[0]
+    return model.head(h.index_select(0, b.logit_rows), mm)
 
 
 def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: bool = True,

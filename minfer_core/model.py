@@ -174,10 +174,11 @@ class Transformer:
         gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps)))
         return mm([lw.down], gu, swiglu=True, residual=h)[0]
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        if h.shape[0] < PREFILL_ROWS:
-            return self.rt.decode_normed(["output"], h, (self.p.out_norm, self.cfg.rms_eps))[0]
-        return self.rt.linear("output", rmsnorm(h, self.p.out_norm, self.cfg.rms_eps))
+    def head(self, h: torch.Tensor, mm=None) -> torch.Tensor:
+        """Logits of hidden rows ``h``: the output norm, then the output weight (``mm``: the pass's
+        matmuls, default :class:`~minfer_core.matmuls.PromptMatmuls`)."""
+        mm = mm or PromptMatmuls(self.rt)
+        return mm(["output"], h, norm=(self.p.out_norm, self.cfg.rms_eps), plain_norm=True)[0]
 
     # -- passes ----------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
@@ -230,7 +231,7 @@ class Transformer:
         h, mm = self.embed(token), DecodeMatmuls(rt)
         for i in range(cfg.n_layers):
             h = self.layer(i, h, mm, attend)
-        return self.head(h)
+        return self.head(h, mm)
 
     def forward_batch(self, b, block_size: int, tile: int, rows: bool = True, single: bool = False) -> torch.Tensor:
         """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
