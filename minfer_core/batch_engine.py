@@ -31,6 +31,7 @@ from .dispatch import wrap_step
 from .engine import Engine, StopStream, log
 from .errors import UserError
 from .kv_pages import BlockPool
+from .matmuls import BatchMatmuls, DecodeMatmuls
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
@@ -89,11 +90,13 @@ class BatchEngine:
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
-        # one sequence at a time: its decode steps run the single-stream decode kernels
-        self.single = parallel == 1
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (64 if self.model.device.type == "cuda" else 16)
+        self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
+        # one sequence at a time (never batched with another): its decode steps run the single-stream
+        # decode kernels; its prompt rows keep the batched ones, so a prefix hit changes nothing
+        self.decode_mm = DecodeMatmuls(self.model.rt) if parallel == 1 else self.step_mm
         if self.model.rt.attn_paged is None:
             raise UserError("the plan has no paged_decode attention: the batched engine needs one")
         # one block past the pool's: the scratch block that padding entries write and read
@@ -132,8 +135,8 @@ class BatchEngine:
         (``plan.batch``, e.g. mmq_triton's q4_K rows GEMM) multiply all of a step's rows at once;
         other weights, and every weight with ``rows=False``, run over tiles of ``row_tile`` rows
         (default 64 on a GPU, 16 on the CPU), padded: either way a request's bits are independent
-        of the batch. Both are fixed for the engine's life. Larger tiles read each weight fewer times in big
-        steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
+        of the batch. Both are fixed for the engine's life. Larger tiles read each weight fewer times
+        in big steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
         on small steps (B=8 computes 64 rows at the default). ``graphs``: ``False`` runs every
         step eagerly; otherwise decode-only steps go through the plugin the policy's
         ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of 1..256
@@ -252,7 +255,7 @@ class BatchEngine:
                     logits.index_select(0, torch.tensor(sampled, device=dev))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
-                logits = self.model.forward_batch(batch, self.block_size, self.row_tile, self.rows, self.single)
+                logits = self.model.forward_batch(batch, self.block_size, self.step_mm)
             tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:  # the step failed: end its requests, keep serving the others
             if self.engine.ctx.trace:
@@ -266,7 +269,7 @@ class BatchEngine:
             self._accept(work[i].seq, token)
 
     def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
-        return decode_rows(self.model, inputs, self.block_size, self.row_tile, self.rows, self.single)
+        return decode_rows(self.model, inputs, self.block_size, self.decode_mm)
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """The next token of each sequence from its row of ``logits``: one argmax over every

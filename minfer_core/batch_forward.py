@@ -2,11 +2,12 @@
 
 A step holds rows of any mix of sequences: prompt segments (several rows attending together) and
 single rows (a decode token, or a generated token recomputed after preemption). Each layer is the
-model's one block (``Transformer.layer``) with this module's attention and the batched matmuls
-(:class:`~minfer_core.matmuls.BatchMatmuls`): a weight with a row-invariant kernel (``plan.batch``: its rows' bits never depend on the row count) multiplies all
-rows at once, RMSNorm, SwiGLU and the residual fused as its candidate says; every other weight,
-with its norms, runs over fixed tiles of ``tile`` rows (padded), so a row never shares a matmul
-shape with a different number of rows. RoPE and the K/V write run in
+model's one block (``Transformer.layer``) with this module's attention and the engine's matmuls,
+the batched ones (:class:`~minfer_core.matmuls.BatchMatmuls`): a weight with a row-invariant kernel
+(``plan.batch``: its rows' bits never depend on the row count) multiplies all rows at once,
+RMSNorm, SwiGLU and the residual fused as its candidate says; every other weight, with its norms,
+runs over fixed tiles of rows (padded), so a row never shares a matmul shape with a different
+number of rows. RoPE and the K/V write run in
 one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
 into one call per layer of the plan's ``paged_decode`` attention, whose entries are independent;
 each prompt segment is one ``prefill`` attention call over its sequence's gathered blocks. A
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .matmuls import BatchMatmuls, DecodeMatmuls
+from .matmuls import Matmuls
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # entry counts of the paged attention (and of graphs)
 
@@ -68,20 +69,16 @@ class Batch:
     n_single: int
 
 
-def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True, single: bool = False) -> torch.Tensor:
+def forward_batch(model, b: Batch, block_size: int, mm: Matmuls) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
-    cache; logits (L, vocab) of ``b.logit_rows``. Reads no host value of any tensor of ``b``.
-    ``rows=False``: every weight over row tiles, even where a row-invariant kernel exists.
-    ``single`` (an engine of one sequence, never batched with another): a step of one decode row
-    runs the single-stream decode kernels (prompt rows keep the batched kernels, so a prefix hit
-    changes nothing)."""
+    cache, multiplying with ``mm``; logits (L, vocab) of ``b.logit_rows``. Reads no host value of
+    any tensor of ``b``."""
     cfg, rt = model.cfg, model.rt
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
     cos, sin = model.cos[b.positions], model.sin[b.positions]
     neox = cfg.rope_style == "neox"
     all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
-    mm = DecodeMatmuls(rt) if single and all_single and T == 1 else BatchMatmuls(rt, tile, rows)
 
     def attend(i, q, k, v):
         q = rt._run(rt.pre_rope_kv, q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D),
@@ -112,8 +109,7 @@ def forward_batch(model, b: Batch, block_size: int, tile: int, rows: bool = True
     return model.head(h.index_select(0, b.logit_rows), mm)
 
 
-def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: bool = True,
-                single: bool = False) -> torch.Tensor:
+def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls) -> torch.Tensor:
     """A decode-only step from one packed int64 device tensor ``inputs`` (E, 4 + max_blocks):
     per entry its token, position, slot, seq_len and block table (E a bucket; padding entries
     point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""
@@ -121,4 +117,4 @@ def decode_rows(model, inputs: torch.Tensor, block_size: int, tile: int, rows: b
     entries = torch.arange(e, device=inputs.device)
     b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], entries, entries,
               inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
-    return forward_batch(model, b, block_size, tile, rows, single)
+    return forward_batch(model, b, block_size, mm)

@@ -107,15 +107,15 @@ def check_decode_paths(be, work, tol):
     attention == the old per-sequence attention (to ``tol``)."""
     inputs = torch.from_numpy(be.packer.decode_only(work))
     assert inputs.shape[0] > len(work)  # padding entries present
-    fixed = decode_rows(be.model, inputs, be.block_size, be.row_tile)[:len(work)]
+    fixed = decode_rows(be.model, inputs, be.block_size, be.decode_mm)[:len(work)]
     batch, sampled = be.packer.mixed(work, be.model.device)
     assert sampled == list(range(len(work))) and batch.n_single == len(work) and not batch.seqs
-    general = be.model.forward_batch(batch, be.block_size, be.row_tile)
+    general = be.model.forward_batch(batch, be.block_size, be.step_mm)
     assert torch.equal(fixed, general)
     rt = be.model.rt
     paged, rt.attn_paged = rt.attn_paged, Candidate("reference", "old.per_sequence", per_sequence_attention)
     try:
-        old = be.model.forward_batch(batch, be.block_size, be.row_tile)
+        old = be.model.forward_batch(batch, be.block_size, be.step_mm)
     finally:
         rt.attn_paged = paged
     assert float((old - general).abs().max()) <= tol * float(old.abs().max())
@@ -242,7 +242,8 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
         "  decode: [mmq_triton, f16_wmma, reference]", "  decode: [fakerows, mmq_triton, f16_wmma, reference]"))
     eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference", policy=str(policy))
     fake = sys.modules[mod]
-    assert set(eng.plan.batch) == set(eng.plan.decode) and {c.label for c in eng.plan.batch.values()} == {"fakerows.f64"}
+    assert set(eng.plan.batch) == set(eng.plan.decode)
+    assert {c.label for c in eng.plan.batch.values()} == {"fakerows.f64"}
     assert all(c.plugin == "reference" for c in eng.plan.decode.values())  # it offers nothing else
     target, others = list(range(3, 40)), [list(range(50 + i, 61 + 7 * i)) for i in range(5)]
 
@@ -329,8 +330,7 @@ def test_gpu_graph_replay_equals_eager(synth_05b, n):
     assert inputs.shape[0] in graphs.graphs and not graphs.failed
     assert torch.equal(graphed, eager)
     batch, _ = be.packer.mixed(work, be.model.device)
-    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.row_tile, be.rows, be.single),
-                       eager[:n])
+    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.decode_mm), eager[:n])
     assert be.model.rt.counts["mmq.attn.paged"] > 0
 
 

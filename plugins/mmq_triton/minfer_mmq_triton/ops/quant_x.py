@@ -2,9 +2,9 @@
 
 The activation row is quantized once per call (``_quant_x_kernel``) to two int8 digits per
 value: per 32-value block (256 with ``rows``) ``s = max|x| / 127``, ``h = round(x / s)``,
-``l = round(256 (x/s - h))``, so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest value (float32-grade for a
-dot product; a single int8 digit, as llama.cpp uses, would be 2^-8). The kernel also keeps the
-exact float sums of every 16 values for the min / offset terms.
+``l = round(256 (x/s - h))``, so ``x = s (h + l / 256)`` to about 2^-16 of the block's largest
+value (float32-grade for a dot product; a single int8 digit, as llama.cpp uses, would be 2^-8).
+The kernel also keeps the exact float sums of every 16 values for the min / offset terms.
 
 ``rows=True`` writes the layout of the batched step's GEMMs (``q4_k.gemm_mma``) instead: one scale
 per 256-value block (the GEMMs sum a whole q4_K block in integers), stored as ``s / 256`` in a
