@@ -3,6 +3,10 @@
 64-row tiles) and, at one row, the single-stream decode GEMV.
 
     python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
+        [--fused BM,BN,W,S ...]
+
+``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
+tiles and (above 64 rows) expand + cuBLAS, the prefill route there.
 
 Times are GPU times per call: a CUDA graph of as many calls as there are weight copies (each call
 reads the next copy, so that no weight stays in L2), replayed and timed with events (the host's
@@ -18,7 +22,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from minfer_mmq_triton import decode, planes, tiles
-from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
+from minfer_mmq_triton.launch.scratch import jit_matmul
+from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
 from minfer_mmq_triton.synth import random_raw
 
@@ -50,9 +55,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8,32,128")
     ap.add_argument("--configs", nargs="*", default=None, help="T,G,W of the rows GEMM (default: tiles.ROWS_TILE)")
+    ap.add_argument("--fused", nargs="*", default=[], help="BM,BN,W,S tiles of the fused GEMM over all rows")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
+    fused = [tuple(int(v) for v in c.split(",")) for c in args.fused]
     print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
     for name, (n, k) in SHAPES_7B.items():
         copies = max(2, int(200e6 // (n * k * 0.5625)) + 1)
@@ -71,6 +78,11 @@ def main() -> None:
             a = torch.randn(64, k, device="cuda").bfloat16()
             tiles64 = -(-m // 64)
             row(m, f"fused x{tiles64} (64-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(tiles64)])
+            am = torch.randn(m, k, device="cuda").bfloat16()
+            for cfg in fused:
+                row(m, f"fused {cfg} (all rows)", lambda p: gemm_fused(am, p, None, cfg))
+            if fused and m > 64:
+                row(m, "expand + cuBLAS", lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
             if m == 1:
                 gemvs = {id(p): decode.make_gemv(QT.Q4_K, p, None, n, k, config=tiles.mma_config(QT.Q4_K, n))
                          for p in ps}

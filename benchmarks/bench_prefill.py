@@ -217,7 +217,7 @@ SHAPES_05B = {"qkv": (1152, 896, QT.Q5_0), "o": (896, 896, QT.Q5_0), "gate_up": 
 
 def routed(a, w, n, k, p, qt):
     """What the plugin's prefill callable does (routes._plane_fn / _raw_fn), for timing."""
-    if p is not None and tiles.use_fused(a.shape[0], n, k):
+    if p is not None and tiles.use_fused(a.shape[0], n, k, qt):
         return gemm_planes.gemm_fused(a, p, None)
     if p is not None:
         return scratch.jit_matmul(a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(p, k, o, r0, r1))

@@ -38,6 +38,10 @@ from .scheduler import Scheduler, Sequence, Work
 #: Engines serving at most this many sequences at once use the plan's row-invariant kernels (which
 #: beat 64-row tiles at up to 32 rows and lose to them at 64; bench_batch_gemm.py in benchmarks/).
 ROWS_MAX_PARALLEL = 32
+#: Engines of more than WIDE_TILE_PARALLEL sequences run their row tiles at WIDE_TILE rows on a GPU
+#: (one tile for a full decode step of 128; at 128 rows the 7B's layer takes ~320 us of GEMMs in one
+#: 128-row tile, ~510 us in two of 64), the others at 64 (a 64-row step wastes nothing).
+WIDE_TILE_PARALLEL, WIDE_TILE = 64, 128
 
 _ids = itertools.count()
 
@@ -92,7 +96,8 @@ class BatchEngine:
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
-        self.row_tile = row_tile or (64 if self.model.device.type == "cuda" else 16)
+        gpu_tile = WIDE_TILE if parallel > WIDE_TILE_PARALLEL else 64
+        self.row_tile = row_tile or (gpu_tile if self.model.device.type == "cuda" else 16)
         self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
         # one sequence at a time (never batched with another): its decode steps run the single-stream
         # decode kernels; its prompt rows keep the batched ones, so a prefix hit changes nothing
@@ -134,7 +139,7 @@ class BatchEngine:
         ``rows`` (default: ``parallel`` <= ROWS_MAX_PARALLEL): weights with a row-invariant kernel
         (``plan.batch``, e.g. mmq_triton's q4_K rows GEMM) multiply all of a step's rows at once;
         other weights, and every weight with ``rows=False``, run over tiles of ``row_tile`` rows
-        (default 64 on a GPU, 16 on the CPU), padded: either way a request's bits are independent
+        (default on a GPU 64, or WIDE_TILE above WIDE_TILE_PARALLEL sequences; 16 on the CPU), padded: either way a request's bits are independent
         of the batch. Both are fixed for the engine's life. Larger tiles read each weight fewer times
         in big steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
         on small steps (B=8 computes 64 rows at the default). ``graphs``: ``False`` runs every

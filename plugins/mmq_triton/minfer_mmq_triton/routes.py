@@ -225,7 +225,8 @@ def _plane_fn(weight: Weight):
     from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
-    key = planes.BUILDERS[QT(weight.qtype)][0]
+    qt = QT(weight.qtype)
+    key = planes.BUILDERS[qt][0]
     raw_fill = _raw_fill(weight)
 
     def fn(act: Activation):
@@ -233,7 +234,7 @@ def _plane_fn(weight: Weight):
         plane = weight.planes.get(key)
         if plane is None:
             return jit_matmul(a, n, k, weight.bias, raw_fill)
-        if tiles.use_fused(a.shape[0], n, k):
+        if tiles.use_fused(a.shape[0], n, k, qt):
             return gemm_planes.gemm_fused(a, plane, weight.bias)
         return jit_matmul(a, n, k, weight.bias,
                           lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1))

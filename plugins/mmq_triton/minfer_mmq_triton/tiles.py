@@ -57,11 +57,14 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 
 
 #: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows (with split-K it beat
-#: expand + cuBLAS there at every 7B shape, 1.1-3.1x, ``bench_prefill.py --small``); above, the planes
-#: are expanded to bf16 and cuBLAS multiplies.
-FUSED_MAX_ROWS = 64
+#: expand + cuBLAS there at every 7B shape, 1.1-3.1x, ``bench_prefill.py --small``), and q4_K weights
+#: of at least FUSED_WIDE_VALUES values up to FUSED_WIDE_ROWS rows (one 128-row tile: the 7B's gate|up
+#: 172 vs 204 us, down 95 vs 108 us at 128 rows; qkv and o lose, ``bench_batch_gemm.py --fused``);
+#: above, the planes are expanded to bf16 and cuBLAS multiplies.
+FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
 #: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)).
-FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (None, (128, 128, 8, 3)))
+FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (128, (128, 64, 4, 3)),
+                    (None, (128, 128, 8, 3)))
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
@@ -74,9 +77,11 @@ DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
 PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
 
 
-def use_fused(m: int, n: int, k: int) -> bool:
-    """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T``."""
-    return m <= FUSED_MAX_ROWS
+def use_fused(m: int, n: int, k: int, qtype: QT = QT.Q4_K) -> bool:
+    """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T`` of ``qtype``."""
+    if m <= FUSED_MAX_ROWS:
+        return True
+    return qtype == QT.Q4_K and m <= FUSED_WIDE_ROWS and n * k >= FUSED_WIDE_VALUES
 
 
 def fused_split(n: int, spans: int, bn: int) -> int:
