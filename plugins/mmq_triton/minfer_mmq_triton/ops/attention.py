@@ -86,29 +86,18 @@ def _attn_split_kernel(
 
 
 @triton.jit
-def split_share(nv, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, MIN_SHARE: tl.constexpr):
-    """Positions per split for ``nv`` valid ones: ``ceil(nv / NSPLIT)`` rounded up to ``BLOCK_S``, at
-    least ``MIN_SHARE`` (a function of ``nv`` alone, so batch invariant)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S, MIN_SHARE)
-
-
-@triton.jit
 def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
                         H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
-                        BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr,
-                        MIN_SHARE: tl.constexpr = 0, DIRECT: tl.constexpr = False):
+                        BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
     """Row ``r`` (sequence ``r // H``'s head ``r % H``), dims ``c*DC ..``: weigh the splits that hold
     valid positions of that sequence (``nv_ptr[r // H]``), CH at a time, and normalize. Shared by the
-    single-sequence and the paged kernels, whose pass 1 lays out the partials the same way.
-    ``DIRECT``: pass 1 wrote the output of a row with one active split itself (same bits)."""
+    single-sequence and the paged kernels, whose pass 1 lays out the partials the same way."""
     enter(PDL)
     r = tl.program_id(0)
     dd = tl.program_id(1) * DC + tl.arange(0, DC)
     nv = tl.load(nv_ptr + r // H)
-    share = split_share(nv, NSPLIT, BLOCK_S, MIN_SHARE)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     n_act = tl.cdiv(nv, share)  # splits past this one saw no position
-    if DIRECT and n_act == 1:
-        return
     sp = tl.arange(0, NSPLIT)
     m_all = tl.max(tl.load(m_ptr + r * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
     num = tl.zeros([DC], dtype=tl.float32)

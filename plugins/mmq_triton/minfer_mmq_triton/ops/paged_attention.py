@@ -7,9 +7,8 @@ float32. Shapes alone fix both grids, so a step can be captured in a CUDA graph.
 
 The same two passes as the single-sequence kernel (:mod:`.attention`), with one more grid axis for
 the sequence: pass 1, grid ``(B * Hkv, NSPLIT)``, spreads each sequence's valid positions over its
-``NSPLIT`` splits (each at least ``MIN_SHARE`` positions) and reads each key row through the block
-table; a sequence with one active split gets its output there. Pass 2, grid ``(B * H, DP / DC)``,
-combines the other sequences' splits (the combine kernel of :mod:`.attention`, shared). ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
+``NSPLIT`` splits and reads each key row through the block table; pass 2, grid ``(B * H, DP / DC)``,
+combines a head's splits (the combine kernel of :mod:`.attention`, shared). ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
 result is the same bits whatever else is in the batch (batch invariance).
 """
 
@@ -24,28 +23,25 @@ import triton.language as tl
 from minfer_core.weights import Candidate
 
 from ..launch.pdl import launch_args
-from .attention import attn_combine_kernel, split_share
+from .attention import attn_combine_kernel
 
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.paged"
 LOG2E = 1.4426950408889634
-#: Positions a split takes at least: a sequence of up to MIN_SHARE positions is one split, whose
-#: program writes the output itself (the combine skips it).
-MIN_SHARE = 128
 
 
 @triton.jit
 def _paged_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, m_ptr, l_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, m_ptr, l_ptr,
     stride_bt, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     HKV: tl.constexpr, REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, MIN_SHARE: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
 ):
     b = tl.program_id(0) // HKV
     g = tl.program_id(0) % HKV
     s = tl.program_id(1)
     nv = tl.load(len_ptr + b)
-    share = split_share(nv, NSPLIT, BLOCK_S, MIN_SHARE)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
     hi = tl.minimum(lo + share, nv)
     r = tl.arange(0, REP_P)
@@ -76,23 +72,17 @@ def _paged_split_kernel(
         v = tl.load(v_ptr + row[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
         m_i = m_new
-    if share >= nv:  # one active split: write the output itself (the combine's o / l, same bits)
-        tl.store(out_ptr + (b * HKV * REP + heads)[:, None] * D + dd[None, :], acc / l_i[:, None],
-                 mask=hmask[:, None] & dmask[None, :])
-    else:
-        part = (b * HKV * REP + heads) * NSPLIT + s
-        tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
-        tl.store(m_ptr + part, m_i, mask=hmask)
-        tl.store(l_ptr + part, l_i, mask=hmask)
+    part = (b * HKV * REP + heads) * NSPLIT + s
+    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part, m_i, mask=hmask)
+    tl.store(l_ptr + part, l_i, mask=hmask)
 
 
 class PagedDecodeAttention:
     """The batched decode attention callable; its partial-result scratch is kept per shape."""
 
-    def __init__(self, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32, ch: int = 16,
-                 min_share: int = MIN_SHARE):
+    def __init__(self, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32, ch: int = 16):
         self.nsplit, self.block_s, self.num_warps, self.dc, self.ch = nsplit, block_s, num_warps, dc, ch
-        self.min_share = min_share
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def _buffers(self, rows: int, dp: int, device) -> tuple[torch.Tensor, ...]:
@@ -119,15 +109,14 @@ class PagedDecodeAttention:
         o_part, m_part, l_part = self._buffers(bsz * h, dp, q.device)
         out = torch.empty(bsz, h * d, dtype=torch.float32, device=q.device)
         _paged_split_kernel[(bsz * n_kv, self.nsplit)](
-            q, k_pool, v_pool, bt, lens, o_part, m_part, l_part, out,
+            q, k_pool, v_pool, bt, lens, o_part, m_part, l_part,
             bt.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
             LOG2E / math.sqrt(d), HKV=n_kv, REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, MIN_SHARE=self.min_share, num_warps=self.num_warps,
+            PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps,
         )
         attn_combine_kernel[(bsz * h, dp // dc)](
             o_part, m_part, l_part, lens, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
-            BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), MIN_SHARE=self.min_share, DIRECT=True,
-            num_warps=4, **launch_args(False),
+            BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), num_warps=4, **launch_args(False),
         )
         return out
 
