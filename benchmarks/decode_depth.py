@@ -1,13 +1,15 @@
 """Decode at depth (GPU): the split-KV attention kernel alone against its bandwidth bound, and
 whole-model tgN after an N-token prompt, alone and after prompt tests in the same process.
 
-    python benchmarks/decode_depth.py MODEL.gguf [--depths 0,1024,4096] [-n 128]
+    python benchmarks/decode_depth.py MODEL.gguf [--depths 0,1024,4096] [-n 128] [--parts ...]
 
 Part 1 times ``SplitKVAttention`` on one layer's cache (the model's head layout) for each valid
 length, for a few BLOCK_S / warps / split counts, and prints microseconds and the K/V bytes read
 per second. Part 2 prints tgN at each depth (prompt untimed). Part 3 repeats tgN at depth 0 after
 pp512 and pp3314 have run, then after a 3 s pause, with the SM clock before each, to find what a
-figure inherits from the tests before it.
+figure inherits from the tests before it. Part ``paged`` times the batched engine's paged
+attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count and BLOCK_S
+(random block tables, the model's head layout).
 """
 
 from __future__ import annotations
@@ -68,6 +70,30 @@ def attention_alone(cfg, depths: list[int], n_ctx: int) -> None:
             print(f"| {nv} | {bs} | {nw} | {used} | {dc} | {ch} | {us:.2f} | {gbs:.0f} |")
 
 
+def paged_alone(cfg, batches: list[int], lengths: list[int]) -> None:
+    from minfer_mmq_triton.ops.paged_attention import PagedDecodeAttention
+
+    h, hkv, d, page = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 16
+    dev = torch.device("cuda")
+    print(f"## paged attention alone: H={h} Hkv={hkv} D={d}, pages of {page}")
+    print("| B | n_valid | nsplit | block_s | us | GB/s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    configs = [(16, 64), (8, 64), (4, 64), (16, 32)]
+    for b in batches:
+        for nv in lengths:
+            per = -(-nv // page)
+            k = torch.randn(b * per + 1, page, hkv, d, device=dev, dtype=torch.float16)
+            v = torch.randn_like(k)
+            tables = torch.randperm(b * per, device=dev, dtype=torch.int32).view(b, per)
+            lens = torch.full((b,), nv, dtype=torch.int32, device=dev)
+            q = torch.randn(b, h, d, device=dev)
+            for ns, bs in configs:
+                att = PagedDecodeAttention(nsplit=ns, block_s=bs)
+                us = time_cuda(lambda: att(q, k, v, tables, lens), iters=50)
+                gbs = b * nv * hkv * d * 2 * 2 / us / 1e3
+                print(f"| {b} | {nv} | {ns} | {bs} | {us:.2f} | {gbs:.0f} |", flush=True)
+
+
 def tg_at_depth(eng: Engine, n: int, depth: int, reps: int = 3) -> list[float]:
     prompt = _random_ids(eng, depth, 7) if depth else []
     out = []
@@ -98,6 +124,8 @@ def main() -> None:
     eng = Engine.load(a.model, progress=False, n_ctx=max(depths) + a.n + 64)
     if "attention" in parts:
         attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 8192], max(8192, eng.model.n_ctx))
+    if "paged" in parts:
+        paged_alone(eng.cfg, [1, 32, 128], [200, 1024, 4096])
     print("\n## tg at depth")
     for d in depths if "depth" in parts else []:
         ts = tg_at_depth(eng, a.n, d)

@@ -84,7 +84,7 @@ class BatchMatmuls(Matmuls):
                 out[n] = rt.batch_linear(n, x, residual=residual, norm=norm, swiglu=swiglu)
         tiled = [n for n in names if n not in out]
         if tiled:
-            xp = F.pad(x, (0, 0, 0, -T % self.tile))
+            xp = F.pad(x, (0, 0, 0, -T % self.tile)) if T % self.tile else x
             parts: dict[str, list[torch.Tensor]] = {n: [] for n in tiled}
             for t in row_tiles(xp.shape[0], self.tile):
                 a = xp[t]
@@ -95,6 +95,6 @@ class BatchMatmuls(Matmuls):
                 for n in tiled:
                     parts[n].append(rt.linear(n, a))
             for n in tiled:
-                y = torch.cat(parts[n])[:T]
+                y = (torch.cat(parts[n]) if len(parts[n]) > 1 else parts[n][0])[:T]
                 out[n] = y if residual is None else residual + y
         return [out[n] for n in names]
