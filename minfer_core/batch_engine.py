@@ -38,10 +38,12 @@ from .scheduler import Scheduler, Sequence, Work
 #: Engines serving at most this many sequences at once use the plan's row-invariant kernels (which
 #: beat 64-row tiles at up to 32 rows and lose to them at 64; bench_batch_gemm.py in benchmarks/).
 ROWS_MAX_PARALLEL = 32
-#: Engines of more than WIDE_TILE_PARALLEL sequences run their row tiles at WIDE_TILE rows on a GPU
-#: (one tile for a full decode step of 128; at 128 rows the 7B's layer takes ~320 us of GEMMs in one
-#: 128-row tile, ~510 us in two of 64), the others at 64 (a 64-row step wastes nothing).
-WIDE_TILE_PARALLEL, WIDE_TILE = 64, 128
+#: Row tiles on a GPU by engine size: (at most this many sequences, tile rows). H200, 7B, each pair in
+#: one call: B=8 S_TG 1,453 with 16-row tiles vs 1,279 with 64 (S_PP 3,260 vs 3,971: a prompt step
+#: runs 4x the launches); B=32 3,381 with 32 vs 3,309 with 64 (not taken: S_PP 3,949 vs 4,811); B=128
+#: 8,100 with one 128-row tile vs 5,896 with two of 64. An engine of one sequence decodes on the
+#: decode kernels, so its tiles only carry prompt rows.
+GPU_ROW_TILES = ((1, 64), (16, 16), (64, 64), (None, 128))
 
 _ids = itertools.count()
 
@@ -96,7 +98,7 @@ class BatchEngine:
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
-        gpu_tile = WIDE_TILE if parallel > WIDE_TILE_PARALLEL else 64
+        gpu_tile = next(t for top, t in GPU_ROW_TILES if top is None or parallel <= top)
         self.row_tile = row_tile or (gpu_tile if self.model.device.type == "cuda" else 16)
         self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
         # one sequence at a time (never batched with another): its decode steps run the single-stream
@@ -139,10 +141,10 @@ class BatchEngine:
         ``rows`` (default: ``parallel`` <= ROWS_MAX_PARALLEL): weights with a row-invariant kernel
         (``plan.batch``, e.g. mmq_triton's q4_K rows GEMM) multiply all of a step's rows at once;
         other weights, and every weight with ``rows=False``, run over tiles of ``row_tile`` rows
-        (default on a GPU 64, or WIDE_TILE above WIDE_TILE_PARALLEL sequences; 16 on the CPU), padded: either way a request's bits are independent
-        of the batch. Both are fixed for the engine's life. Larger tiles read each weight fewer times
-        in big steps (a step of B rows runs every matmul ceil(B / tile) times); smaller ones waste less
-        on small steps (B=8 computes 64 rows at the default). ``graphs``: ``False`` runs every
+        (default on a GPU by ``parallel``, ``GPU_ROW_TILES``; 16 on the CPU), padded: either way a
+        request's bits are independent of the batch. Both are fixed for the engine's life. Larger
+        tiles read each weight fewer times in big steps (a step of B rows runs every matmul
+        ceil(B / tile) times); smaller ones waste less on small steps. ``graphs``: ``False`` runs every
         step eagerly; otherwise decode-only steps go through the plugin the policy's
         ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of 1..256
         sequences, on a GPU unless the plugin is off)."""
