@@ -4,9 +4,10 @@
 # extra's wheels and their own requirements among the carried ones (fastapi and what its version
 # requires: starlette, pydantic, pydantic-core and jiter for the machine's Python, annotated-doc,
 # opentelemetry-api; uvicorn, h11, anyio, openai, httpx, httpcore). Results in $OUT.
+# MODELS (default "05b 7b") picks the models; SERVE_TESTS=0 skips the serve tests.
 . benchmarks/gpu_setup.sh
-python3 -m pytest -q tests/test_serve_*.py 2>&1 | tail -3 | tee "$OUT/serve_tests.txt"
-for m in 05b 7b; do
+[ "${SERVE_TESTS:-1}" = 0 ] || python3 -m pytest -q tests/test_serve_*.py 2>&1 | tail -3 | tee "$OUT/serve_tests.txt"
+for m in ${MODELS:-05b 7b}; do
   minfer --backend mmq_triton serve -m /tmp/$m.gguf --parallel 128 --max-queue 512 -c 2048 --port 8080 \
     --shutdown-timeout 10 2> "$OUT/serve_$m.log" &
   pid=$!
