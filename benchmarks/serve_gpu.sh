@@ -18,5 +18,6 @@ for m in ${MODELS:-05b 7b}; do
   done
   python3 benchmarks/loadgen.py --url http://127.0.0.1:8080 -c 1,32,128 -n 128 | tee "$OUT/loadgen_$m.md"
   curl -s http://127.0.0.1:8080/metrics > "$OUT/metrics_$m.txt"
+  echo "GPU memory in use after the load: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)" >> "$OUT/serve_$m.log"
   kill -TERM $pid; wait $pid; echo "exit status $?" >> "$OUT/serve_$m.log"
 done
