@@ -8,8 +8,9 @@
 . benchmarks/gpu_setup.sh
 [ "${SERVE_TESTS:-1}" = 0 ] || python3 -m pytest -q tests/test_serve_*.py 2>&1 | tail -3 | tee "$OUT/serve_tests.txt"
 for m in ${MODELS:-05b 7b}; do
+  : > "$OUT/serve_$m.log"  # the server appends, so the lines written here beside it survive
   minfer --backend mmq_triton serve -m /tmp/$m.gguf --parallel 128 --max-queue 512 -c 2048 --port 8080 \
-    --shutdown-timeout 10 2> "$OUT/serve_$m.log" &
+    --shutdown-timeout 10 2>> "$OUT/serve_$m.log" &
   pid=$!
   for _ in $(seq 600); do  # until it answers, or stop here if it exited (its log says why)
     curl -sf http://127.0.0.1:8080/health > /dev/null && break

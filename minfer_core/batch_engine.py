@@ -42,7 +42,9 @@ ROWS_MAX_PARALLEL = 32
 #: one call: B=8 S_TG 1,453 with 16-row tiles vs 1,279 with 64 (S_PP 3,260 vs 3,971: a prompt step
 #: runs 4x the launches); B=32 3,381 with 32 vs 3,309 with 64 (not taken: S_PP 3,949 vs 4,811); B=128
 #: 8,100 with one 128-row tile vs 5,896 with two of 64. An engine of one sequence decodes on the
-#: decode kernels, so its tiles only carry prompt rows.
+#: decode kernels, so its tiles only carry prompt rows. Tiles under 64 rows only when every tiled
+#: weight's kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's q5_0,
+#: would do that 4x as often: its B=8 S_PP fell to 753 from 3,232).
 GPU_ROW_TILES = ((1, 64), (16, 16), (64, 64), (None, 128))
 
 _ids = itertools.count()
@@ -98,8 +100,7 @@ class BatchEngine:
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
-        gpu_tile = next(t for top, t in GPU_ROW_TILES if top is None or parallel <= top)
-        self.row_tile = row_tile or (gpu_tile if self.model.device.type == "cuda" else 16)
+        self.row_tile = row_tile or (self._gpu_row_tile(parallel) if self.model.device.type == "cuda" else 16)
         self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
         # one sequence at a time (never batched with another): its decode steps run the single-stream
         # decode kernels; its prompt rows keep the batched ones, so a prefix hit changes nothing
@@ -127,6 +128,13 @@ class BatchEngine:
         self._n_waiting = 0
         self.tokens_generated_total = 0
         self.prompt_tokens_total = 0
+
+    def _gpu_row_tile(self, parallel: int) -> int:
+        """The engine's row tile on a GPU: by ``parallel`` (GPU_ROW_TILES), under 64 rows only if the
+        kernels of every weight that runs over tiles say ``small_tiles``."""
+        plan = self.model.rt.plan
+        small = all(c.small_tiles for n, c in plan.prefill.items() if not (self.rows and n in plan.batch))
+        return next(t for top, t in GPU_ROW_TILES if (top is None or parallel <= top) and (small or t >= 64))
 
     @classmethod
     def load(cls, path, *, n_ctx: int, parallel: int, max_queue: int, gpu_memory: Optional[float] = None,

@@ -74,6 +74,9 @@ class Candidate:
     The core does whatever a candidate does not fuse itself.
     ``reads_raw``: whether ``fn`` reads ``weight.raw`` when it runs. When none of a weight's chosen
     kernels does, the core releases the raw bytes after planning (planes replace them).
+    ``small_tiles`` (prefill matmuls): the kernel's time keeps falling with the row count down to 16
+    rows (it expands no weight per call), so a batched engine of few sequences may run it over
+    16-row tiles.
     """
 
     plugin: str
@@ -83,6 +86,7 @@ class Candidate:
     reads: tuple[str, ...] = ("f32",)
     fuses: tuple[str, ...] = ()
     reads_raw: bool = True
+    small_tiles: bool = False
 
 
 @dataclass

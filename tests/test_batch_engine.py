@@ -331,3 +331,22 @@ def test_seeded_sampling_alone_equals_among_greedy_and_penalized_others(engine):
     run(batch(engine), {0: rs})
     assert [c.tokens(r.id) for r in rs] == want
     assert want[0] != alone(engine, ids[0], 10)  # the seeded request really sampled (not argmax)
+
+
+def test_gpu_row_tile_under_64_rows_only_for_small_tile_kernels():
+    """The GPU tile rule (GPU_ROW_TILES): 16-row tiles for engines of 2-16 sequences only when every
+    weight that runs over tiles has a ``small_tiles`` kernel; rows kernels take their weights out."""
+    from types import SimpleNamespace
+
+    from minfer_core.weights import Candidate
+
+    def tile(parallel, rows, small_b):
+        prefill = {"a": Candidate("p", "a", None, small_tiles=True), "b": Candidate("p", "b", None, small_tiles=small_b)}
+        plan = SimpleNamespace(prefill=prefill, batch={"b": Candidate("p", "rows.b", None)})
+        fake = SimpleNamespace(rows=rows, model=SimpleNamespace(rt=SimpleNamespace(plan=plan)))
+        return BatchEngine._gpu_row_tile(fake, parallel)
+
+    assert [tile(p, True, False) for p in (1, 2, 8, 16, 17, 64, 65, 128)] == [64, 16, 16, 16, 64, 64, 128, 128]
+    assert [tile(p, False, False) for p in (1, 8, 16, 64, 128)] == [64, 64, 64, 64, 128]  # b is tiled
+    assert tile(8, False, True) == 16
+

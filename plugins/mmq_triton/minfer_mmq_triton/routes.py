@@ -173,7 +173,8 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         label = f"mmq.nb.{name}" if gate_on(ctx, _BUILDER_GATE[qt]) else f"mmq.nb.raw.{name}"
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
-        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, reads, reads_raw=not built)]
+        # with its plane built, up to 64 rows run the fused GEMM, which expands nothing per call
+        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, reads, reads_raw=not built, small_tiles=built)]
     return [Candidate(PLUGIN, f"mmq.generic.{name}", _raw_fn(weight), "MINFER_MMQ", ("f32",))]
 
 

@@ -65,6 +65,22 @@ def test_registration_builds_only_what_the_route_reads(make_ctx):
     assert set(w.planes) == {planes.KEY_W16} and w.planes[planes.KEY_W16].dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("over,small", [
+    ({}, {QT.Q4_K: True, QT.Q6_K: True, QT.Q8_0: False, QT.Q5_0: False}),  # the fused GEMM over built planes
+    ({"MINFER_MMQ_Q4K_DSC": False}, {QT.Q4_K: False}),  # no plane: raw blocks expanded per call
+    ({"MINFER_MMQ_RAW": False}, {QT.Q4_K: False}),
+])
+def test_small_tiles_only_where_no_weight_is_expanded_per_call(over, small, make_ctx):
+    from minfer_mmq_triton import plugin
+
+    ctx = make_ctx(**over)
+    for qt, expect in small.items():
+        w = _w(qt)
+        plugin.minfer_register_weight(weight=w, ctx=ctx)
+        (c,) = plugin.minfer_matmul_candidates(weight=w, phase="prefill", ctx=ctx)
+        assert c.small_tiles is expect, (over, qt)
+
+
 def test_float_and_unserved_types_get_nothing(make_ctx):
     w = Weight("f", QT.F16, (8, 32), torch.zeros(8, 64, dtype=torch.uint8), "o")
     assert _offer(w, make_ctx()) is None
