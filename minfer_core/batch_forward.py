@@ -84,14 +84,12 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls) -> torch.Tensor
         q = rt._run(rt.pre_rope_kv, q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D),
                     cos, sin, model.cache.k[i], model.cache.v[i], b.slots, neox)
         kp, vp = model.cache.pages(i, block_size)
+        if all_single:  # every row is an entry of the paged attention, in order
+            return rt._run(rt.attn_paged, q, kp, vp, b.tables, b.lens).reshape(T, H * D).contiguous()
         o = torch.zeros(T, H * D, device=q.device, dtype=torch.float32)
         if b.n_single:
-            qs = q if all_single else q.index_select(0, b.single_rows)
-            out = rt._run(rt.attn_paged, qs, kp, vp, b.tables, b.lens)
-            if all_single:
-                o = out.reshape(T, H * D)
-            else:
-                o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))
+            out = rt._run(rt.attn_paged, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
+            o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))
         for s in b.seqs:
             ks = kp.index_select(0, s.block_table).flatten(0, 1)
             vs = vp.index_select(0, s.block_table).flatten(0, 1)
