@@ -77,7 +77,7 @@ DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
 PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
 
 
-def use_fused(m: int, n: int, k: int, qtype: QT = QT.Q4_K) -> bool:
+def use_fused(m: int, n: int, k: int, qtype: QT) -> bool:
     """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T`` of ``qtype``."""
     if m <= FUSED_MAX_ROWS:
         return True

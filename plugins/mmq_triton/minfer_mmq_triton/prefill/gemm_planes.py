@@ -8,9 +8,10 @@ Two designs, picked per call by the row count and the weight shape (``tiles.use_
   (16-byte loads and stores), then cuBLAS multiplies (``minfer_core.linalg.mm_f32``).
 
 The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins for few rows
-(M <= 64, and the big q4_K weights up to one 128-row tile): narrow or K-long weights (qkv, o, down) give few output tiles there, so it splits K
-(``tiles.fused_split``, from the weight's shape alone) and the last program of a tile adds the
-partials in split order (``benchmarks/bench_prefill.py --small`` measures both designs).
+(M <= 64, and the big q4_K weights up to one 128-row tile): narrow or K-long weights (qkv, o, down)
+give few output tiles there, so it splits K (``tiles.fused_split``, from the weight's shape alone)
+and the last program of a tile adds the partials in split order (``benchmarks/bench_prefill.py
+--small`` and ``bench_batch_gemm.py --fused`` measure both designs).
 
 Value decoding (shared by both): q4_K ``w = (d sc) q - (dmin m)`` with ``(sc, m)`` per 32 values
 and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
