@@ -20,7 +20,7 @@ import itertools
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence as Seq
 
 import torch
@@ -105,8 +105,12 @@ class BatchEngine:
         # one sequence at a time (never batched with another): its decode steps run the single-stream
         # decode kernels; its prompt rows keep the batched ones, so a prefix hit changes nothing
         self.decode_mm = DecodeMatmuls(self.model.rt) if parallel == 1 else self.step_mm
-        if self.model.rt.attn_paged is None:
+        attn = self.model.rt.attn_paged
+        if attn is None:
             raise UserError("the plan has no paged_decode attention: the batched engine needs one")
+        # the plan's paged attention, or what it offers for an engine of this size (fixed for its life)
+        for_engine = getattr(attn.fn, "for_engine", None)
+        self.attn = replace(attn, fn=for_engine(parallel)) if for_engine else attn
         # one block past the pool's: the scratch block that padding entries write and read
         self.model.resize_cache((n_blocks + 1) * block_size)
         self.packer = StepPacker(block_size, scratch=n_blocks, max_blocks=-(-self.n_ctx // block_size))
@@ -270,7 +274,7 @@ class BatchEngine:
                     logits.index_select(0, torch.tensor(sampled, device=dev))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
-                logits = self.model.forward_batch(batch, self.block_size, self.step_mm)
+                logits = self.model.forward_batch(batch, self.block_size, self.step_mm, self.attn)
             tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:  # the step failed: end its requests, keep serving the others
             if self.engine.ctx.trace:
@@ -284,7 +288,7 @@ class BatchEngine:
             self._accept(work[i].seq, token)
 
     def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
-        return decode_rows(self.model, inputs, self.block_size, self.decode_mm)
+        return decode_rows(self.model, inputs, self.block_size, self.decode_mm, self.attn)
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """The next token of each sequence from its row of ``logits``: one argmax over every

@@ -69,11 +69,13 @@ class Batch:
     n_single: int
 
 
-def forward_batch(model, b: Batch, block_size: int, mm: Matmuls) -> torch.Tensor:
+def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn=None) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
-    cache, multiplying with ``mm``; logits (L, vocab) of ``b.logit_rows``. Reads no host value of
+    cache, multiplying with ``mm``, the single rows attending with ``attn`` (a paged_decode
+    Candidate; default the plan's); logits (L, vocab) of ``b.logit_rows``. Reads no host value of
     any tensor of ``b``."""
     cfg, rt = model.cfg, model.rt
+    attn = attn or rt.attn_paged
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
     cos, sin = model.cos[b.positions], model.sin[b.positions]
@@ -85,10 +87,10 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls) -> torch.Tensor
                     cos, sin, model.cache.k[i], model.cache.v[i], b.slots, neox)
         kp, vp = model.cache.pages(i, block_size)
         if all_single:  # every row is an entry of the paged attention, in order
-            return rt._run(rt.attn_paged, q, kp, vp, b.tables, b.lens).reshape(T, H * D).contiguous()
+            return rt._run(attn, q, kp, vp, b.tables, b.lens).reshape(T, H * D).contiguous()
         o = torch.zeros(T, H * D, device=q.device, dtype=torch.float32)
         if b.n_single:
-            out = rt._run(rt.attn_paged, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
+            out = rt._run(attn, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
             o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))
         for s in b.seqs:
             ks = kp.index_select(0, s.block_table).flatten(0, 1)
@@ -107,7 +109,7 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls) -> torch.Tensor
     return model.head(h.index_select(0, b.logit_rows), mm)
 
 
-def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls) -> torch.Tensor:
+def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn=None) -> torch.Tensor:
     """A decode-only step from one packed int64 device tensor ``inputs`` (E, 4 + max_blocks):
     per entry its token, position, slot, seq_len and block table (E a bucket; padding entries
     point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""
@@ -115,4 +117,4 @@ def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls) -> to
     entries = torch.arange(e, device=inputs.device)
     b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], entries, entries,
               inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
-    return forward_batch(model, b, block_size, mm)
+    return forward_batch(model, b, block_size, mm, attn)

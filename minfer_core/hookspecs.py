@@ -239,6 +239,9 @@ def minfer_attention_candidates(phase, ctx):
     n_heads, head_dim)``, pages ``(n_blocks, page, n_kv_heads, head_dim)`` of one layer,
     ``block_tables`` ``(N, max_blocks)`` int32, ``seq_lens`` ``(N,)`` int32 device tensors (never
     read on the host on a GPU, so a step can be captured) and ``out`` ``(N, n_heads * head_dim)``
-    float32. An entry's result must not depend on the other entries (batch invariance).
+    float32. An entry's result must not depend on the other entries (batch invariance). Such an
+    ``fn`` may also offer ``fn.for_engine(parallel) -> fn`` (optional): the callable a batched
+    engine of at most ``parallel`` sequences uses for its whole life, e.g. tuned for that load; the
+    same contract holds for it.
     Return a list of Candidates or ``None`` (a phase the plugin does not know: ``None``).
     """

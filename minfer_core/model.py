@@ -233,8 +233,8 @@ class Transformer:
             h = self.layer(i, h, mm, attend)
         return self.head(h, mm)
 
-    def forward_batch(self, b, block_size: int, mm) -> torch.Tensor:
+    def forward_batch(self, b, block_size: int, mm, attn=None) -> torch.Tensor:
         """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
         from .batch_forward import forward_batch
 
-        return forward_batch(self, b, block_size, mm)
+        return forward_batch(self, b, block_size, mm, attn)

@@ -107,17 +107,13 @@ def check_decode_paths(be, work, tol):
     attention == the old per-sequence attention (to ``tol``)."""
     inputs = torch.from_numpy(be.packer.decode_only(work))
     assert inputs.shape[0] > len(work)  # padding entries present
-    fixed = decode_rows(be.model, inputs, be.block_size, be.decode_mm)[:len(work)]
+    fixed = decode_rows(be.model, inputs, be.block_size, be.decode_mm, be.attn)[:len(work)]
     batch, sampled = be.packer.mixed(work, be.model.device)
     assert sampled == list(range(len(work))) and batch.n_single == len(work) and not batch.seqs
-    general = be.model.forward_batch(batch, be.block_size, be.step_mm)
+    general = be.model.forward_batch(batch, be.block_size, be.step_mm, be.attn)
     assert torch.equal(fixed, general)
-    rt = be.model.rt
-    paged, rt.attn_paged = rt.attn_paged, Candidate("reference", "old.per_sequence", per_sequence_attention)
-    try:
-        old = be.model.forward_batch(batch, be.block_size, be.step_mm)
-    finally:
-        rt.attn_paged = paged
+    old = be.model.forward_batch(batch, be.block_size, be.step_mm,
+                                 Candidate("reference", "old.per_sequence", per_sequence_attention))
     assert float((old - general).abs().max()) <= tol * float(old.abs().max())
 
 
@@ -141,6 +137,49 @@ def test_decode_only_step_equals_general_step_and_old_path_mmq(tmp_path):
     # layers of bf16 GEMMs: ~3e-3 of the largest logit measured; a wrong key or block is O(1)
     check_decode_paths(be, work, 1e-2)
     assert eng.model.rt.counts["mmq.attn.paged"] > 0 and eng.model.rt.counts["mmq.pre.rope_kv"] > 0
+
+
+def test_an_engine_attends_with_what_the_paged_attention_offers_for_its_size(tmp_path):
+    """``fn.for_engine(parallel)`` (optional): asked once per engine with its size; every step of
+    that engine, decode-only and mixed, attends with what it returned."""
+    eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
+    plan_attn = eng.model.rt.attn_paged
+    asked, used = [], Counter()
+
+    class Offering:
+        def __call__(self, *a):
+            used["plan"] += 1
+            return plan_attn.fn(*a)
+
+        def for_engine(self, parallel):
+            asked.append(parallel)
+
+            def fn(*a):
+                used[parallel] += 1
+                return plan_attn.fn(*a)
+            return fn
+
+    eng.model.rt.attn_paged = Candidate("reference", plan_attn.label, Offering())
+    try:
+        for parallel in (1, 3):
+            be = BatchEngine(eng, parallel=parallel, max_queue=8, n_blocks=24, segment=32, step_tokens=128)
+            for i in range(parallel):
+                be.submit(Request(list(range(3, 12 + i)), 4, GREEDY, ignore_eos=True))
+            while be.step():
+                pass
+    finally:
+        eng.model.rt.attn_paged = plan_attn
+    assert asked == [1, 3] and used[1] > 0 and used[3] > 0 and used["plan"] == 0
+
+
+def test_mmq_paged_attention_splits_less_for_big_engines():
+    pytest.importorskip("triton")
+    from minfer_mmq_triton.ops.paged_attention import FEW_SPLITS, FEW_SPLITS_ABOVE, PagedDecodeAttention
+
+    att = PagedDecodeAttention()
+    assert att.for_engine(1) is att and att.for_engine(FEW_SPLITS_ABOVE) is att
+    big = att.for_engine(FEW_SPLITS_ABOVE + 1)
+    assert big.nsplit == FEW_SPLITS < att.nsplit and big.for_engine(128) is big
 
 
 def test_decode_only_steps_go_through_the_batch_step_wrapper(tmp_path, monkeypatch):
@@ -330,7 +369,7 @@ def test_gpu_graph_replay_equals_eager(synth_05b, n):
     assert inputs.shape[0] in graphs.graphs and not graphs.failed
     assert torch.equal(graphed, eager)
     batch, _ = be.packer.mixed(work, be.model.device)
-    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.decode_mm), eager[:n])
+    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.decode_mm, be.attn), eager[:n])
     assert be.model.rt.counts["mmq.attn.paged"] > 0
 
 

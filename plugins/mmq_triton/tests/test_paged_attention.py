@@ -75,11 +75,12 @@ def test_rows_outside_the_tables_are_never_read():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("engine", [1, 128])  # what an engine of this size attends with
 @pytest.mark.parametrize("bsz", [1, 8, 128])
-def test_paged_real_shapes_cuda(bsz):
+def test_paged_real_shapes_cuda(bsz, engine):
     lens = [(37 * i) % 700 + 1 for i in range(bsz)]
     q, k, v, tables, n = make_batch(lens, 28, 4, 128, 16, device="cuda", seed=bsz)
-    att = PagedDecodeAttention()
+    att = PagedDecodeAttention().for_engine(engine)
     out = att(q, k, v, tables, n)
     assert rel(out, oracle(q, k, v, tables, n, 16)) < 2e-3
     assert torch.equal(att(q[:1], k, v, tables[:1], n[:1])[0], out[0])

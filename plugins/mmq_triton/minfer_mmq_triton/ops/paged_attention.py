@@ -28,6 +28,12 @@ from .attention import attn_combine_kernel
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.paged"
 LOG2E = 1.4426950408889634
+#: Splits per sequence and KV head for engines of more than FEW_SPLITS_ABOVE sequences (the other
+#: entries already fill the GPU): H200, 7B heads (``decode_depth.py --parts paged``), 4 splits vs 16
+#: take 10.9 vs 18.1 us a layer at B=32 and 200 positions, 26.2 vs 31.3 at 1,024, 72.6 vs 81.2 at
+#: 4,096; 37.6 vs 64.0 / 88.4 vs 105.4 / 269.7 vs 298.5 at B=128; but 24.8 vs 10.0 us for one
+#: sequence at 4,096, so small engines keep 16.
+FEW_SPLITS, FEW_SPLITS_ABOVE = 4, 16
 
 
 @triton.jit
@@ -84,6 +90,13 @@ class PagedDecodeAttention:
     def __init__(self, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32, ch: int = 16):
         self.nsplit, self.block_s, self.num_warps, self.dc, self.ch = nsplit, block_s, num_warps, dc, ch
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+    def for_engine(self, parallel: int) -> "PagedDecodeAttention":
+        """The callable for a batched engine of at most ``parallel`` sequences (fixed for its life,
+        so a sequence's bits still never depend on the batch): fewer splits for big engines."""
+        if parallel <= FEW_SPLITS_ABOVE or self.nsplit <= FEW_SPLITS:
+            return self
+        return PagedDecodeAttention(FEW_SPLITS, self.block_s, self.num_warps, self.dc, self.ch)
 
     def _buffers(self, rows: int, dp: int, device) -> tuple[torch.Tensor, ...]:
         key = (rows, dp, str(device))
