@@ -82,7 +82,8 @@ def main() -> None:
             for cfg in fused:
                 row(m, f"fused {cfg} (all rows)", lambda p: gemm_fused(am, p, None, cfg))
             if fused and m > 64:
-                row(m, "expand + cuBLAS", lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
+                row(m, "expand + cuBLAS",
+                    lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
             if m == 1:
                 gemvs = {id(p): decode.make_gemv(QT.Q4_K, p, None, n, k, config=tiles.mma_config(QT.Q4_K, n))
                          for p in ps}

@@ -341,7 +341,8 @@ def test_gpu_row_tile_under_64_rows_only_for_small_tile_kernels():
     from minfer_core.weights import Candidate
 
     def tile(parallel, rows, small_b):
-        prefill = {"a": Candidate("p", "a", None, small_tiles=True), "b": Candidate("p", "b", None, small_tiles=small_b)}
+        prefill = {"a": Candidate("p", "a", None, small_tiles=True),
+                   "b": Candidate("p", "b", None, small_tiles=small_b)}
         plan = SimpleNamespace(prefill=prefill, batch={"b": Candidate("p", "rows.b", None)})
         fake = SimpleNamespace(rows=rows, model=SimpleNamespace(rt=SimpleNamespace(plan=plan)))
         return BatchEngine._gpu_row_tile(fake, parallel)
