@@ -69,13 +69,12 @@ class Batch:
     n_single: int
 
 
-def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn=None) -> torch.Tensor:
+def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
     cache, multiplying with ``mm``, the single rows attending with ``attn`` (a paged_decode
-    Candidate; default the plan's); logits (L, vocab) of ``b.logit_rows``. Reads no host value of
+    Candidate: the engine's, see ``BatchEngine.attn``); logits (L, vocab) of ``b.logit_rows``. Reads no host value of
     any tensor of ``b``."""
     cfg, rt = model.cfg, model.rt
-    attn = attn or rt.attn_paged
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
     cos, sin = model.cos[b.positions], model.sin[b.positions]
@@ -109,7 +108,7 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn=None) -> t
     return model.head(h.index_select(0, b.logit_rows), mm)
 
 
-def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn=None) -> torch.Tensor:
+def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn) -> torch.Tensor:
     """A decode-only step from one packed int64 device tensor ``inputs`` (E, 4 + max_blocks):
     per entry its token, position, slot, seq_len and block table (E a bucket; padding entries
     point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""

@@ -233,7 +233,7 @@ class Transformer:
             h = self.layer(i, h, mm, attend)
         return self.head(h, mm)
 
-    def forward_batch(self, b, block_size: int, mm, attn=None) -> torch.Tensor:
+    def forward_batch(self, b, block_size: int, mm, attn) -> torch.Tensor:
         """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
         from .batch_forward import forward_batch
 
