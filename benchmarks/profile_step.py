@@ -7,7 +7,7 @@ wall time, the sum of GPU kernel time, and the kernels taking the most GPU time.
 per-rep wall times of ``--reps`` prefills (to see whether the first ones run slower) and the
 decode step as the engine runs it (CUDA graph replay) per token. With ``--batch``: for each B, the
 batched engine's decode step with B sequences of ``--pp`` tokens (wall per step, the host's share,
-and the kernel table).
+and the kernel table); ``--no-overlap`` reads each step back before launching the next.
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ def kernel_table(prof, top: int, per: int = 1) -> str:
     return "\n".join(out)
 
 
-def batched(eng, sizes: list[int], pp: int, top: int) -> None:
+def batched(eng, sizes: list[int], pp: int, top: int, overlap: bool) -> None:
     """The batched engine's decode-only steps at each batch size: wall, host time, kernels."""
     from minfer_core.batch_engine import BatchEngine, Request
     from minfer_core.sampling import SamplerConfig
 
     steps = 12
     per_seq = -(-(pp + 3 * steps + 8) // 16)
-    be = BatchEngine(eng, parallel=max(sizes), max_queue=max(sizes), n_blocks=max(sizes) * per_seq)
+    be = BatchEngine(eng, parallel=max(sizes), max_queue=max(sizes), n_blocks=max(sizes) * per_seq,
+                     overlap=overlap)
     for b in sizes:
         be.sched.step_tokens = b * pp
         for i in range(b):
@@ -81,10 +82,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--batch", default="", help="batch sizes: profile the batched engine's decode step instead")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="batched: launch each decode step before reading the last one back (the default)")
     a = ap.parse_args()
     eng = Engine.load(a.model, progress=False)
     if a.batch:
-        batched(eng, [int(b) for b in a.batch.split(",")], min(a.pp, 128), a.top)
+        batched(eng, [int(b) for b in a.batch.split(",")], min(a.pp, 128), a.top, a.overlap)
         return
     dev = eng.device
     ids = _random_ids(eng, a.pp, 1)

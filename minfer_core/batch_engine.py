@@ -88,13 +88,32 @@ class _Live:
         self.greedy = req.sampling.greedy and req.sampling.repeat_penalty == 1.0  # plain argmax
         self.text = StopStream(tok, req.stop)
         self.out: list[int] = []
+        self.finished = False  # its last event is out (a step in flight may still hold a row of it)
+
+
+#: Stands in ``Sequence.tokens`` for a token an overlapped step is still computing.
+PENDING = -1
+
+
+@dataclass
+class _Flight:
+    """A decode-only step launched but not yet read back: its works, their greedy tokens on the
+    device (what the next step reads), and the host copy (valid once ``ready`` has passed)."""
+
+    work: list[Work]
+    tokens: torch.Tensor
+    host: torch.Tensor
+    ready: Optional[torch.cuda.Event]
+    row: dict[str, int]  # sequence id -> its row in ``tokens``
 
 
 class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
                  segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
-                 graphs: Optional[bool] = None, rows: Optional[bool] = None):
+                 graphs: Optional[bool] = None, rows: Optional[bool] = None, overlap: bool = True):
         self.engine, self.model = engine, engine.model
+        self.overlap = overlap  # launch the next greedy decode-only step before reading this one back
+        self._flight: Optional[_Flight] = None
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
@@ -237,6 +256,8 @@ class BatchEngine:
         while time.monotonic() < end and self.step():
             pass
         with self._step_lock:
+            if self._flight is not None:
+                self._land()
             with self._lock:
                 left = self._incoming + list(self.sched.running) + list(self.sched.waiting)
                 self._incoming = []
@@ -256,17 +277,93 @@ class BatchEngine:
                 seq = self.sched.find(rid)
                 if seq is not None:
                     self._finish(seq, "cancelled")
+            flight = self._flight
+            if flight is not None and not self._may_overlap():
+                self._land()
             work = self.sched.schedule()
             if work:
                 self._run(work)
+            elif self._flight is not None:
+                self._land()
             with self._lock:
                 self._n_waiting = len(self.sched.waiting)
-            return bool(work) or bool(incoming) or bool(cancels)
+            return bool(work) or bool(incoming) or bool(cancels) or flight is not None
+
+    # -- overlapped decode steps ---------------------------------------------------------------
+    # A greedy decode-only step is launched before the previous one is read back: its token
+    # column comes from the previous step's argmax on the device, so the host reads back, detokenizes
+    # and schedules while the GPU computes. Every row computes what it would have computed in a
+    # step of its own (same inputs, same kernels); a sequence that the read-back finishes (end of
+    # generation, a stop string) has one row in the step after, which is dropped.
+    def _overlappable(self, seq: Sequence) -> bool:
+        """Decoding, greedy, and not certain to end by its length or the context when its pending
+        token is read back."""
+        live: _Live = seq.data
+        n_out = len(live.out) + (seq.tokens[-1] == PENDING)
+        return (seq.decoding and live.greedy and len(seq.tokens) + 1 < self.n_ctx
+                and (live.req.max_tokens < 0 or n_out < live.req.max_tokens))
+
+    def _may_overlap(self) -> bool:
+        """Whether the next step may launch with a step in flight: nothing waits to be admitted,
+        every running sequence can take a block without a preemption, and every one is overlappable."""
+        s = self.sched
+        return (not s.waiting and s.pool.n_free >= len(s.running)
+                and all(self._overlappable(seq) for seq in s.running))
+
+    def _launch(self, work: list[Work]) -> None:
+        """Launch a decode-only step; read back the step in flight (if any) while it runs."""
+        dev, prev = self.model.device, self._flight
+        packed = self.packer.decode_only(work)
+        if prev is not None:  # rows whose input token is in flight: -1 - its row there
+            for i, w in enumerate(work):
+                if packed[i, 0] == PENDING:
+                    packed[i, 0] = -1 - prev.row[w.seq.id]
+        host_in = torch.from_numpy(packed)
+        inputs = host_in.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host_in
+        if prev is not None:
+            tok = inputs[:, 0]
+            inputs[:, 0] = torch.where(tok < 0, prev.tokens[(-1 - tok).clamp(min=0)], tok)
+        logits = (self.batch_step or self._decode_step)(inputs)
+        tokens = self._greedy_tokens([w.seq for w in work], logits[:len(work)])
+        ready = None
+        if dev.type == "cuda":
+            host = torch.empty(len(work), dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host = tokens
+        for w in work:
+            self.sched.advance(w)
+            w.seq.tokens.append(PENDING)
+        self._flight = _Flight(work, tokens, host, ready, {w.seq.id: i for i, w in enumerate(work)})
+        if prev is not None:
+            self._land(prev)
+
+    def _land(self, flight: Optional[_Flight] = None) -> None:
+        """Read back a launched step (default: the one in flight) and accept its tokens."""
+        if flight is None:
+            flight, self._flight = self._flight, None
+        if flight.ready is not None:
+            flight.ready.synchronize()
+        for w, token in zip(flight.work, flight.host.tolist()):
+            if not w.seq.data.finished:
+                w.seq.tokens[w.end] = token
+                self._accept(w.seq, token, placed=True)
 
     def _run(self, work: list[Work]) -> None:
+        decode_only = all(w.end - w.start == 1 for w in work)
+        try:
+            if decode_only and self.overlap and all(self._overlappable(w.seq) for w in work):
+                return self._launch(work)
+        except Exception as e:
+            return self._failed(work, e)
+        if self._flight is not None:  # not expected (step() lands first); kept safe all the same
+            self._land()
+            work = [w for w in work if not w.seq.data.finished]
         try:
             dev = self.model.device
-            if all(w.end - w.start == 1 for w in work):  # decode-only: one row per sequence
+            if decode_only:  # one row per sequence
                 inputs = torch.from_numpy(self.packer.decode_only(work)).to(dev)
                 logits = (self.batch_step or self._decode_step)(inputs)
                 sampled = [i for i, w in enumerate(work) if w.end == len(w.seq.tokens)]
@@ -276,16 +373,23 @@ class BatchEngine:
                 batch, sampled = self.packer.mixed(work, dev)
                 logits = self.model.forward_batch(batch, self.block_size, self.step_mm, self.attn)
             tokens = self._pick([work[i].seq for i in sampled], logits)
-        except Exception as e:  # the step failed: end its requests, keep serving the others
-            if self.engine.ctx.trace:
-                traceback.print_exc()
-            for w in work:
-                self._finish(w.seq, "error", error=f"{type(e).__name__}: {e}")
-            return
+        except Exception as e:
+            return self._failed(work, e)
         for w in work:
             self.sched.advance(w)
         for i, token in zip(sampled, tokens):
             self._accept(work[i].seq, token)
+
+    def _failed(self, work: list[Work], e: Exception) -> None:
+        """The step failed: end its requests (after reading back the step in flight), keep serving
+        the others."""
+        if self.engine.ctx.trace:
+            traceback.print_exc()
+        if self._flight is not None:
+            self._land()
+        for w in work:
+            if not w.seq.data.finished:
+                self._finish(w.seq, "error", error=f"{type(e).__name__}: {e}")
 
     def _decode_step(self, inputs: torch.Tensor) -> torch.Tensor:
         return decode_rows(self.model, inputs, self.block_size, self.decode_mm, self.attn)
@@ -299,7 +403,7 @@ class BatchEngine:
         out = [0] * len(seqs)
         if greedy:
             sel = logits if len(greedy) == len(seqs) else logits[greedy]
-            picked = sel.argmax(dim=-1)
+            picked = self._greedy_tokens([seqs[i] for i in greedy], sel)
         if other:
             host = logits[other].float().cpu()
             for j, i in enumerate(other):
@@ -309,15 +413,21 @@ class BatchEngine:
                 out[i] = t
         return out
 
-    def _accept(self, seq: Sequence, token: int) -> None:
+    def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """The plain-greedy sequences' next tokens (argmax of their rows), on the device."""
+        return logits.argmax(dim=-1)
+
+    def _accept(self, seq: Sequence, token: int, placed: bool = False) -> None:
+        """Take a sequence's next token (``placed``: already in ``seq.tokens``, an overlapped step's)."""
         live: _Live = seq.data
         req = live.req
-        if len(seq.tokens) == seq.n_prompt and not live.out:
+        if not live.out:  # its first token: the prompt is done
             with self._lock:
                 self.prompt_tokens_total += seq.n_prompt
         if token in self.tok.eog_ids and not req.ignore_eos:
             return self._finish(seq, "eog")
-        seq.tokens.append(token)
+        if not placed:
+            seq.tokens.append(token)
         live.out.append(token)
         with self._lock:
             self.tokens_generated_total += 1
@@ -333,6 +443,7 @@ class BatchEngine:
         self.sched.remove(seq)
         self.packer.forget(seq)
         live: _Live = seq.data
+        live.finished = True
         if reason not in ("cancelled", "error"):
             text += live.text.finish()
         self._emit(seq, Event(live.req.id, text, list(token_ids), True, reason, error))

@@ -66,14 +66,14 @@ def run(be: BatchEngine, arrivals: dict[int, list[Request]], logits: dict | None
     """Submit each list of requests at its step number; step until idle; the number of steps.
     ``logits`` collects the logits each request sampled from, by request id."""
     if logits is not None:
-        pick = be._pick
+        pick = be._greedy_tokens
 
         def recording(seqs, rows):
             for seq, row in zip(seqs, rows):
                 logits.setdefault(seq.id, []).append(row.clone())
             return pick(seqs, rows)
 
-        be._pick = recording
+        be._greedy_tokens = recording
     step = 0
     while True:
         for r in arrivals.get(step, []):
@@ -183,6 +183,55 @@ def test_events_text_stop_and_eog(engine):
     fin = c.final(natural.id)
     assert fin.finish_reason in ("eog", "length")
     assert not set(c.tokens(natural.id)) & set(engine.tok.eog_ids)
+
+
+def test_overlapped_steps_equal_synchronous_ones(engine, monkeypatch):
+    """Greedy decode-only steps launch before the step in flight is read back (``overlap``); the
+    oracle is the same arrivals run synchronously (``overlap=False``, the path the tests above
+    check against requests run alone): the same events for every request, finishes by length,
+    stop string, end of generation and context included, and every block back. A cancel drops
+    what is in flight: the cancelled request's events are a prefix of the synchronous run's."""
+    ids = [prompt(700 + i, 6 + 11 * i) for i in range(6)]
+    probe = Collect()
+    r = probe.req(ids[0], 20, ignore_eos=True)
+    run(batch(engine), {0: [r]})
+    text, toks = "".join(e.text for e in probe.events[r.id]), probe.tokens(r.id)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    # one of its generated tokens ends generation for the requests that do not ignore it
+    monkeypatch.setattr(engine.tok, "eog_ids", frozenset(engine.tok.eog_ids) | {toks[12]})
+
+    def events(overlap: bool):
+        c = Collect()
+        be = batch(engine, parallel=8)
+        be.overlap = overlap
+        launched = []
+        launch = be._launch
+        be._launch = lambda work: (launched.append(be._flight is not None), launch(work))[1]
+        reqs = [c.req(ids[0], 20, ignore_eos=True, stop=[stop]), c.req(ids[0], 20),
+                c.req(ids[1], 15, ignore_eos=True), c.req(prompt(800, N_CTX - 9), -1, ignore_eos=True),
+                c.req(ids[2], 30, ignore_eos=True), c.req(ids[3], 9, ignore_eos=True)]
+        step = 0
+        arrivals = {0: reqs[:4], 3: reqs[4:]}
+        while True:
+            for q in arrivals.get(step, []):
+                be.submit(q)
+            if step == 12:
+                be.cancel(reqs[4].id)
+            busy = be.step()
+            step += 1
+            if not busy and step > 3:
+                break
+        assert be.pool.n_free == be.pool.n_blocks and be._flight is None
+        return [[(e.text, e.token_ids, e.finished, e.finish_reason, e.completion_tokens) for e in c.events[q.id]]
+                for q in reqs], launched
+
+    want, launched = events(False)
+    assert not launched
+    got, launched = events(True)
+    assert any(launched), "no step launched while another was in flight"
+    assert got[:4] + got[5:] == want[:4] + want[5:]
+    assert [evs[-1][3] for evs in want] == ["stop", "eog", "length", "context", "cancelled", "length"]
+    assert got[4][-1][3] == "cancelled" and got[4][:-1] == want[4][:len(got[4]) - 1]
 
 
 def test_context_limit(engine):

@@ -405,14 +405,14 @@ def test_gpu_alone_vs_among_127_others_bitwise(synth_05b, shared_prefix):
     if shared_prefix:
         target = torch.randint(0, 1000, (200,), generator=g).tolist() + target
     logits: dict[str, list] = {}
-    pick = be._pick
+    pick = be._greedy_tokens
 
     def recording(seqs, rows):
         for s, row in zip(seqs, rows):
             logits.setdefault(s.id, []).append(row.float().cpu())
         return pick(seqs, rows)
 
-    be._pick = recording
+    be._greedy_tokens = recording
     out: dict[str, list[int]] = {}
 
     def req(ids):
