@@ -3,10 +3,11 @@
 64-row tiles) and, at one row, the single-stream decode GEMV.
 
     python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
-        [--fused BM,BN,W,S ...]
+        [--fused BM,BN,W,S ...] [--q6]
 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
-tiles and (above 64 rows) expand + cuBLAS, the prefill route there.
+tiles and (above 64 rows) expand + cuBLAS, the prefill route there. ``--q6``: the 7B's q6_K weights
+instead (no rows GEMM or decode GEMV for them here: the fused GEMM and expand + cuBLAS).
 
 Times are GPU times per call: a CUDA graph of as many calls as there are weight copies (each call
 reads the next copy, so that no weight stays in L2), replayed and timed with events (the host's
@@ -28,6 +29,8 @@ from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
 from minfer_mmq_triton.synth import random_raw
 
 SHAPES_7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
+#: the 7B's q6_K weights (``--q6``): half the layers' down, and the output head
+SHAPES_7B_Q6 = {"down_q6": (3584, 18944), "output": (152064, 3584)}
 
 
 def graph_us(calls) -> float:
@@ -56,14 +59,16 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,32,128")
     ap.add_argument("--configs", nargs="*", default=None, help="T,G,W of the rows GEMM (default: tiles.ROWS_TILE)")
     ap.add_argument("--fused", nargs="*", default=[], help="BM,BN,W,S tiles of the fused GEMM over all rows")
+    ap.add_argument("--q6", action="store_true", help="the q6_K weights (down of half the layers, output head)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
     fused = [tuple(int(v) for v in c.split(",")) for c in args.fused]
     print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
-    for name, (n, k) in SHAPES_7B.items():
+    qt, build = (QT.Q6_K, planes.build_q6k) if args.q6 else (QT.Q4_K, planes.build_q4k)
+    for name, (n, k) in (SHAPES_7B_Q6 if args.q6 else SHAPES_7B).items():
         copies = max(2, int(200e6 // (n * k * 0.5625)) + 1)
-        ps = [planes.build_q4k(random_raw(QT.Q4_K, n, k, "cuda", seed=i), k) for i in range(copies)]
+        ps = [build(random_raw(qt, n, k, "cuda", seed=i), k) for i in range(copies)]
         nbytes = ps[0].nbytes()
 
         def row(m, label, fn):
@@ -72,7 +77,7 @@ def main() -> None:
 
         for m in rows:
             x = torch.randn(m, k, device="cuda")
-            for t, g, w in configs:
+            for t, g, w in configs if not args.q6 else ():
                 row(m, f"rows T{t} G{g} W{w}",
                     lambda p: gemm_q4p_mma(x, p, None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w)))
             a = torch.randn(64, k, device="cuda").bfloat16()
@@ -84,7 +89,7 @@ def main() -> None:
             if fused and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
-            if m == 1:
+            if m == 1 and not args.q6:
                 gemvs = {id(p): decode.make_gemv(QT.Q4_K, p, None, n, k, config=tiles.mma_config(QT.Q4_K, n))
                          for p in ps}
                 row(m, "decode GEMV (mma)", lambda p: gemvs[id(p)](x))

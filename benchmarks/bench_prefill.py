@@ -217,7 +217,7 @@ SHAPES_05B = {"qkv": (1152, 896, QT.Q5_0), "o": (896, 896, QT.Q5_0), "gate_up": 
 
 def routed(a, w, n, k, p, qt):
     """What the plugin's prefill callable does (routes._plane_fn / _raw_fn), for timing."""
-    if p is not None and tiles.use_fused(a.shape[0], n, k, qt):
+    if p is not None and tiles.use_fused(a.shape[0], n, k):
         return gemm_planes.gemm_fused(a, p, None)
     if p is not None:
         return scratch.jit_matmul(a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(p, k, o, r0, r1))
@@ -301,7 +301,7 @@ def small_m(ms, tiny=False):
             row = {"jit": bench(lambda: scratch.jit_matmul(
                 a, n, k, None, lambda o, r0, r1: gemm_planes.dequant_plane(pls[nxt()], k, o, r0, r1)))}
             row["fused"] = bench(lambda: gemm_planes.gemm_fused(a, pls[nxt()], None))
-            bm = tiles.fused_gemm_tile(m)[0]
+            bm = tiles.fused_gemm_tile(m, qt)[0]
             for bn, warps in ((32, 4), (64, 4), (128, 8)):
                 auto = tiles.fused_split(n, k // span, bn)
                 for split in sorted({max(1, auto // 2), auto, min(tiles.FUSED_MAX_SPLIT, auto * 2)}):

@@ -76,9 +76,9 @@ def paged_alone(cfg, batches: list[int], lengths: list[int]) -> None:
     h, hkv, d, page = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 16
     dev = torch.device("cuda")
     print(f"## paged attention alone: H={h} Hkv={hkv} D={d}, pages of {page}")
-    print("| B | n_valid | nsplit | block_s | us | GB/s |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    configs = [(16, 64), (8, 64), (4, 64), (16, 32)]
+    print("| B | n_valid | nsplit | block_s | combine dims, warps | us | GB/s |")
+    print("|---:|---:|---:|---:|---|---:|---:|")
+    configs = [(16, 64, 32, 4), (4, 64, 32, 4), (4, 64, 128, 4), (4, 64, 128, 2), (4, 64, 128, 1), (16, 64, 128, 2)]
     for b in batches:
         for nv in lengths:
             per = -(-nv // page)
@@ -87,11 +87,11 @@ def paged_alone(cfg, batches: list[int], lengths: list[int]) -> None:
             tables = torch.randperm(b * per, device=dev, dtype=torch.int32).view(b, per)
             lens = torch.full((b,), nv, dtype=torch.int32, device=dev)
             q = torch.randn(b, h, d, device=dev)
-            for ns, bs in configs:
-                att = PagedDecodeAttention(nsplit=ns, block_s=bs)
+            for ns, bs, dc, cw in configs:
+                att = PagedDecodeAttention(nsplit=ns, block_s=bs, dc=dc, combine_warps=cw)
                 us = time_cuda(lambda: att(q, k, v, tables, lens), iters=50)
                 gbs = b * nv * hkv * d * 2 * 2 / us / 1e3
-                print(f"| {b} | {nv} | {ns} | {bs} | {us:.2f} | {gbs:.0f} |", flush=True)
+                print(f"| {b} | {nv} | {ns} | {bs} | {dc}, {cw} | {us:.2f} | {gbs:.0f} |", flush=True)
 
 
 def tg_at_depth(eng: Engine, n: int, depth: int, reps: int = 3) -> list[float]:

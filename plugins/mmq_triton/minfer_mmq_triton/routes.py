@@ -235,7 +235,7 @@ def _plane_fn(weight: Weight):
         plane = weight.planes.get(key)
         if plane is None:
             return jit_matmul(a, n, k, weight.bias, raw_fill)
-        if tiles.use_fused(a.shape[0], n, k, qt):
+        if tiles.use_fused(a.shape[0], n, k):
             return gemm_planes.gemm_fused(a, plane, weight.bias)
         return jit_matmul(a, n, k, weight.bias,
                           lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1))

@@ -57,14 +57,19 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 
 
 #: Prefill, plane family: the fused GEMM serves at most FUSED_MAX_ROWS rows (with split-K it beat
-#: expand + cuBLAS there at every 7B shape, 1.1-3.1x, ``bench_prefill.py --small``), and q4_K weights
-#: of at least FUSED_WIDE_VALUES values up to FUSED_WIDE_ROWS rows (one 128-row tile: the 7B's gate|up
-#: 172 vs 204 us, down 95 vs 108 us at 128 rows; qkv and o lose, ``bench_batch_gemm.py --fused``);
-#: above, the planes are expanded to bf16 and cuBLAS multiplies.
+#: expand + cuBLAS there at every 7B shape, 1.1-3.1x, ``bench_prefill.py --small``), and weights of
+#: at least FUSED_WIDE_VALUES values up to FUSED_WIDE_ROWS rows (one 128-row tile, H200, 7B,
+#: ``bench_batch_gemm.py --fused [--q6]``: q4_K gate|up 172 vs 204 us, down 95 vs 108 us; q6_K down
+#: 132 vs 137, output head 742 vs 1,480; qkv and o lose); above, the planes are expanded to bf16
+#: and cuBLAS multiplies.
 FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
-#: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)).
+#: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)); q6_K
+#: overrides (FUSED_GEMM_TILES_Q6K, same call as above): at 16 rows (16, 64, 4, 3), down 61 vs 78 us and
+#: the output head 337 vs 380 with (16, 32, 4, 3); at 128 rows (128, 128, 8, 3), down 132 vs 148,
+#: output head 742 vs 890 with (128, 64, 4, 3).
 FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (128, (128, 64, 4, 3)),
                     (None, (128, 128, 8, 3)))
+FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
@@ -77,11 +82,11 @@ DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
 PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
 
 
-def use_fused(m: int, n: int, k: int, qtype: QT) -> bool:
-    """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T`` of ``qtype``."""
+def use_fused(m: int, n: int, k: int) -> bool:
+    """Whether the fused plane GEMM beats expand + cuBLAS for ``(M, K) @ (N, K).T`` (q4_K or q6_K)."""
     if m <= FUSED_MAX_ROWS:
         return True
-    return qtype == QT.Q4_K and m <= FUSED_WIDE_ROWS and n * k >= FUSED_WIDE_VALUES
+    return m <= FUSED_WIDE_ROWS and n * k >= FUSED_WIDE_VALUES
 
 
 def fused_split(n: int, spans: int, bn: int) -> int:
@@ -96,9 +101,10 @@ def fused_split(n: int, spans: int, bn: int) -> int:
     return split
 
 
-def fused_gemm_tile(m: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the fused plane GEMM for ``m`` rows."""
-    return next(tile for top, tile in FUSED_GEMM_TILES if top is None or m <= top)
+def fused_gemm_tile(m: int, qtype: QT = QT.Q4_K) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the fused plane GEMM for ``m`` rows of ``qtype``."""
+    top, tile = next((top, tile) for top, tile in FUSED_GEMM_TILES if top is None or m <= top)
+    return FUSED_GEMM_TILES_Q6K.get(top, tile) if qtype == QT.Q6_K else tile
 
 
 #: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,

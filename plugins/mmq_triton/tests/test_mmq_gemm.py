@@ -72,7 +72,7 @@ def test_prefill_candidate_small(qt, m, make_ctx):
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
-@pytest.mark.parametrize("m", [17, 100])  # 100: the fused GEMM's 128-row tile
+@pytest.mark.parametrize("m", [16, 17, 100])  # the fused GEMM's 16-, 32- and 128-row tiles
 def test_plane_family_both_designs(qt, m, monkeypatch, make_ctx):
     """The fused GEMM and the just-in-time path agree with the oracle (forced each way)."""
     from minfer_core.weights import Activation
@@ -84,7 +84,7 @@ def test_plane_family_both_designs(qt, m, monkeypatch, make_ctx):
     assert c.label == f"mmq.nb.{qt.name.lower()}" and c.reads == ("plane",)
     x = torch.randn(m, k, device=DEV)
     for fused in (False, True):
-        monkeypatch.setattr(tiles, "use_fused", lambda m, n, k, qt=None, f=fused: f)
+        monkeypatch.setattr(tiles, "use_fused", lambda m, n, k, f=fused: f)
         _check(c.fn(Activation(x)), x, w, n)
 
 
@@ -140,7 +140,7 @@ def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):
         x = torch.randn(m, k, device=DEV)
         ref = x.double() @ wd.T + w.bias.double()
         for fused in (False, True) if qt in (QT.Q4_K, QT.Q6_K) else (False,):
-            monkeypatch.setattr(tiles, "use_fused", lambda m, n, k, qt=None, f=fused: f)
+            monkeypatch.setattr(tiles, "use_fused", lambda m, n, k, f=fused: f)
             fro, mx = rel_err(c.fn(Activation(x)), ref)
             assert fro < 1e-2 and mx < 2e-2, (m, fused, fro, mx)
 

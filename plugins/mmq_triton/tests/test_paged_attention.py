@@ -45,16 +45,21 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+#: the default callable (four splits here) and what a big engine attends with (one-warp combine)
+CALLABLES = [PagedDecodeAttention(nsplit=4), PagedDecodeAttention().for_engine(128)]
+
+
+@pytest.mark.parametrize("att", CALLABLES)
 @pytest.mark.parametrize("lens", [[1], [5, 70, 16, 33], [200, 1, 64]])
-def test_paged_matches_oracle(lens):
+def test_paged_matches_oracle(lens, att):
     q, k, v, tables, n = make_batch(lens, 8, 2, 32, 16)
-    out = PagedDecodeAttention(nsplit=4)(q, k, v, tables, n)
+    out = att(q, k, v, tables, n)
     assert rel(out, oracle(q, k, v, tables, n, 16)) < 2e-3
 
 
-def test_a_sequence_alone_equals_it_in_a_batch():
+@pytest.mark.parametrize("att", CALLABLES)
+def test_a_sequence_alone_equals_it_in_a_batch(att):
     q, k, v, tables, n = make_batch([40, 97, 3, 128], 8, 2, 32, 16, seed=3)
-    att = PagedDecodeAttention(nsplit=4)
     together = att(q, k, v, tables, n)
     for b in range(4):
         alone = att(q[b:b + 1], k, v, tables[b:b + 1], n[b:b + 1])

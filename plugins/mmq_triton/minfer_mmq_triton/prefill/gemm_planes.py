@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from gguf import GGMLQuantizationType as QT
 
 from ..q4_k.plane import Q4KPlane
 from ..launch.split import shared_scratch
@@ -268,7 +269,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
-    bucket's tile (``tiles.fused_gemm_tile``) and the split ``tiles.fused_split`` picks from the
+    bucket's tile for the plane's type (``tiles.fused_gemm_tile``) and the split ``tiles.fused_split`` picks from the
     weight's shape alone, so a row's result never depends on how many rows came with it.
     """
     m, k = a.shape
@@ -280,7 +281,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     n = p0.shape[0]
     span = 128 if wtype == 0 else 256
     c = torch.empty(m, n, dtype=torch.float32, device=a.device)
-    bm, bn, warps, stages, *rest = config or fused_gemm_tile(m)
+    bm, bn, warps, stages, *rest = config or fused_gemm_tile(m, QT.Q6_K if wtype else QT.Q4_K)
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
