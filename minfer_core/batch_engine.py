@@ -10,8 +10,10 @@ and :mod:`minfer_core.scheduler`); sampled tokens come from the request's own se
 A step whose every sequence has one row (decode-only) runs from fixed shapes (entries padded to a
 bucket of 1..256 on a scratch block, :mod:`minfer_core.batch_inputs`), through the wrapper of the
 plugin the policy's ``batch_step`` order ranks first (hook ``minfer_wrap_batch_step``; cuda_graphs
-replays a CUDA graph per bucket on a GPU); other steps run eagerly. Both give a row the same bits. Plain-greedy requests take one argmax over the step's rows; the others' logits come
-to the host in one copy for their own samplers.
+replays a CUDA graph per bucket on a GPU); other steps run eagerly. Both give a row the same bits.
+Plain-greedy requests take one argmax over the step's rows; the others' logits come to the host in
+one copy for their own samplers. While every running request decodes greedily and nothing waits,
+decode-only steps overlap: each is launched before the last is read back (``overlap``).
 """
 
 from __future__ import annotations
