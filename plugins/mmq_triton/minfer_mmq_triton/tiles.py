@@ -64,9 +64,9 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 #: and cuBLAS multiplies.
 FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
 #: Fused GEMM tiles per row bucket: (rows up to, (BLOCK_M, BLOCK_N, num_warps, num_stages)); q6_K
-#: overrides (FUSED_GEMM_TILES_Q6K, same call as above): at 16 rows (16, 64, 4, 3), down 61 vs 78 us and
-#: the output head 337 vs 380 with (16, 32, 4, 3); at 128 rows (128, 128, 8, 3), down 132 vs 148,
-#: output head 742 vs 890 with (128, 64, 4, 3).
+#: overrides (FUSED_GEMM_TILES_Q6K, same call as above): at 16 rows (16, 64, 4, 3), down 61 vs 78
+#: us and the output head 337 vs 380 with (16, 32, 4, 3); at 128 rows (128, 128, 8, 3), down 132
+#: vs 148, output head 742 vs 890 with (128, 64, 4, 3).
 FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (128, (128, 64, 4, 3)),
                     (None, (128, 128, 8, 3)))
 FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
@@ -102,7 +102,8 @@ def fused_split(n: int, spans: int, bn: int) -> int:
 
 
 def fused_gemm_tile(m: int, qtype: QT = QT.Q4_K) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the fused plane GEMM for ``m`` rows of ``qtype``."""
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the fused plane GEMM for ``m`` rows of
+    ``qtype`` (the bucket's tile, or q6_K's own where it has one)."""
     top, tile = next((top, tile) for top, tile in FUSED_GEMM_TILES if top is None or m <= top)
     return FUSED_GEMM_TILES_Q6K.get(top, tile) if qtype == QT.Q6_K else tile
 

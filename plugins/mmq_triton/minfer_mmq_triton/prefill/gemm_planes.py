@@ -8,10 +8,10 @@ Two designs, picked per call by the row count and the weight shape (``tiles.use_
   (16-byte loads and stores), then cuBLAS multiplies (``minfer_core.linalg.mm_f32``).
 
 The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins for few rows
-(M <= 64, and the big q4_K weights up to one 128-row tile): narrow or K-long weights (qkv, o, down)
-give few output tiles there, so it splits K (``tiles.fused_split``, from the weight's shape alone)
-and the last program of a tile adds the partials in split order (``benchmarks/bench_prefill.py
---small`` and ``bench_batch_gemm.py --fused`` measure both designs).
+(M <= 64, and the big weights up to one 128-row tile): narrow or K-long weights (qkv, o, down) give
+few output tiles there, so it splits K (``tiles.fused_split``, from the weight's shape alone) and
+the last program of a tile adds the partials in split order (``benchmarks/bench_prefill.py --small``
+and ``bench_batch_gemm.py --fused [--q6]`` measure both designs).
 
 Value decoding (shared by both): q4_K ``w = (d sc) q - (dmin m)`` with ``(sc, m)`` per 32 values
 and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
@@ -269,8 +269,9 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
-    bucket's tile for the plane's type (``tiles.fused_gemm_tile``) and the split ``tiles.fused_split`` picks from the
-    weight's shape alone, so a row's result never depends on how many rows came with it.
+    bucket's tile for the plane's type (``tiles.fused_gemm_tile``) and the split
+    ``tiles.fused_split`` picks from the weight's shape alone, so a row's result never depends on
+    how many rows came with it.
     """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
