@@ -1,7 +1,8 @@
 """Token sampling with llama.cpp's knobs: repeat penalty, top-k, top-p, min-p, temperature.
 
 Sampling runs on the CPU in float32 with a seeded ``torch.Generator`` so a seed reproduces a run
-on any device. ``temp == 0`` is greedy (argmax, no randomness). ``repeat_last_n`` is llama.cpp's:
+on any device. Nothing sorts the vocabulary: top-k takes the k best, top-p ranks only as many
+tokens as its mass needs, and the draw is one uniform number against the kept tokens' running sum. ``temp == 0`` is greedy (argmax, no randomness). ``repeat_last_n`` is llama.cpp's:
 0 turns the penalty off, -1 looks back over the whole history.
 """
 
@@ -68,20 +69,41 @@ class Sampler:
         if c.greedy:
             return int(torch.argmax(logits))
         x = logits.float().cpu()
-        if c.top_k > 0:
+        if c.top_k > 0:  # the k best, best first
             vals, idx = torch.topk(x, min(c.top_k, x.numel()))
-        else:
-            vals, idx = torch.sort(x, descending=True)
-        if not torch.isfinite(vals[0]):  # e.g. every logit penalized to -inf: nothing to weigh
-            return int(idx[0])
-        probs = torch.softmax(vals, dim=-1)
-        keep = torch.ones_like(probs, dtype=torch.bool)
-        if c.top_p < 1.0:  # smallest prefix whose mass reaches top_p
-            before = torch.cumsum(probs, 0) - probs
-            keep &= before < c.top_p
-        if c.min_p > 0.0:
-            keep &= probs >= c.min_p * probs[0]
-        vals, idx = vals[keep], idx[keep]  # keeps the best: top_p > 0 and min_p <= 1
+        else:  # every token, in vocabulary order (only top-p needs an order, and ranks what it keeps)
+            vals, idx = x, None
+        best = vals.max()
+        if not torch.isfinite(best):  # e.g. every logit penalized to -inf: nothing to weigh
+            return int(torch.argmax(x))
+        if c.min_p > 0.0 or c.top_p < 1.0:
+            w = torch.exp(vals - best)  # probabilities at temperature 1, times their sum
+        if c.min_p > 0.0:  # p >= min_p * p_max
+            keep = w >= c.min_p
+            vals, w = vals[keep], w[keep]
+            idx = keep.nonzero().squeeze(1) if idx is None else idx[keep]
+        if c.top_p < 1.0:  # the most probable tokens until their mass reaches top_p (the last one included)
+            vals, w, idx = _nucleus(vals, w, idx, c.top_p * float(w.sum()))
         # float64 and relative to the best: a tiny temperature sharpens to the argmax, never overflows to nan
-        p = torch.softmax((vals.double() - vals[0].double()) / c.temp, dim=-1)
-        return int(idx[torch.multinomial(p, 1, generator=self.gen)])
+        p = torch.exp((vals.double() - float(best)) / c.temp)
+        cdf = torch.cumsum(p, 0)
+        u = torch.rand((), generator=self.gen, dtype=torch.float64) * cdf[-1]
+        j = min(int(torch.searchsorted(cdf, u, right=True)), cdf.numel() - 1)
+        return j if idx is None else int(idx[j])
+
+
+def _nucleus(vals: torch.Tensor, w: torch.Tensor, idx: Optional[torch.Tensor], mass: float):
+    """The candidates (``vals``, weights ``w``, token ids ``idx``; None: positions are the ids) of the
+    largest weights, best first, whose running sum reaches ``mass``, the one that crosses it included:
+    sorted only as far as needed (the best 64, then 1,024 when they can hold it, then all)."""
+    n, k = w.numel(), 64
+    while True:
+        top, pos = torch.topk(w, k) if k < n else torch.sort(w, descending=True)
+        before = torch.cumsum(top, 0) - top
+        if k >= n or before[-1] >= mass:
+            break
+        # the best 1,024 weigh at most these 64 plus 960 more of the 64th's weight: skip them when short
+        k = 1024 if k == 64 and float(before[-1] + top[-1]) + 960 * float(top[-1]) >= mass else n
+    keep = before < mass
+    pos = pos[keep]
+    return vals[pos], top[keep], pos if idx is None else idx[pos]
