@@ -78,12 +78,13 @@ class Sampler:
             return int(torch.argmax(x))
         if c.min_p > 0.0 or c.top_p < 1.0:
             w = torch.exp(vals - best)  # probabilities at temperature 1, times their sum
-        if c.min_p > 0.0:  # p >= min_p * p_max
+            mass = c.top_p * float(w.sum())  # top-p's share of what top-k left
+        if c.min_p > 0.0:  # p >= min_p * p_max (what it drops ranks below all it keeps)
             keep = w >= c.min_p
             vals, w = vals[keep], w[keep]
             idx = keep.nonzero().squeeze(1) if idx is None else idx[keep]
         if c.top_p < 1.0:  # the most probable tokens until their mass reaches top_p (the last one included)
-            vals, w, idx = _nucleus(vals, w, idx, c.top_p * float(w.sum()))
+            vals, w, idx = _nucleus(vals, w, idx, mass)
         # float64 and relative to the best: a tiny temperature sharpens to the argmax, never overflows to nan
         p = torch.exp((vals.double() - float(best)) / c.temp)
         cdf = torch.cumsum(p, 0)

@@ -39,7 +39,9 @@ CONFIGS = [SamplerConfig(temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
            SamplerConfig(temp=0.7, top_k=0, top_p=0.8, min_p=0.0),
            SamplerConfig(temp=1.3, top_k=5, top_p=1.0, min_p=0.0),
            SamplerConfig(temp=1.0, top_k=0, top_p=1.0, min_p=0.2),
-           SamplerConfig(temp=2.0, top_k=6, top_p=0.9, min_p=0.1)]
+           SamplerConfig(temp=2.0, top_k=6, top_p=0.9, min_p=0.1),
+           # top-p's mass is of what top-k left, not of what min-p keeps: token 7 stays (0.768 < 0.8)
+           SamplerConfig(temp=1.0, top_k=0, top_p=0.8, min_p=0.3)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"t{c.temp}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
