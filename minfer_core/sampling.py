@@ -2,8 +2,9 @@
 
 Sampling runs on the CPU in float32 with a seeded ``torch.Generator`` so a seed reproduces a run
 on any device. Nothing sorts the vocabulary: top-k takes the k best, top-p ranks only as many
-tokens as its mass needs, and the draw is one uniform number against the kept tokens' running sum. ``temp == 0`` is greedy (argmax, no randomness). ``repeat_last_n`` is llama.cpp's:
-0 turns the penalty off, -1 looks back over the whole history.
+tokens as its mass needs, and the draw is one uniform number against the kept tokens' running sum.
+``temp == 0`` is greedy (argmax, no randomness). ``repeat_last_n`` is llama.cpp's: 0 turns the
+penalty off, -1 looks back over the whole history.
 """
 
 from __future__ import annotations
