@@ -8,8 +8,8 @@ length, for a few BLOCK_S / warps / split counts, and prints microseconds and th
 per second. Part 2 prints tgN at each depth (prompt untimed). Part 3 repeats tgN at depth 0 after
 pp512 and pp3314 have run, then after a 3 s pause, with the SM clock before each, to find what a
 figure inherits from the tests before it. Part ``paged`` times the batched engine's paged
-attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count and BLOCK_S
-(random block tables, the model's head layout).
+attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count, BLOCK_S and
+the combine's dims a program and warps (random block tables, the model's head layout).
 """
 
 from __future__ import annotations
