@@ -280,11 +280,12 @@ class BatchEngine:
                 if seq is not None:
                     self._finish(seq, "cancelled")
             flight = self._flight
-            if flight is not None and not self._may_overlap():
+            checked = flight is not None and self._may_overlap()  # every running sequence may overlap
+            if flight is not None and not checked:
                 self._land()
             work = self.sched.schedule()
             if work:
-                self._run(work)
+                self._run(work, checked)
             elif self._flight is not None:
                 self._land()
             with self._lock:
@@ -353,16 +354,15 @@ class BatchEngine:
                 w.seq.tokens[w.end] = token
                 self._accept(w.seq, token, placed=True)
 
-    def _run(self, work: list[Work]) -> None:
+    def _run(self, work: list[Work], checked: bool = False) -> None:
+        """Run a step's work: launched (overlapped) when it may be, else read back at once.
+        ``checked``: step() found every running sequence overlappable (a step is in flight)."""
         decode_only = all(w.end - w.start == 1 for w in work)
         try:
-            if decode_only and self.overlap and all(self._overlappable(w.seq) for w in work):
+            if decode_only and self.overlap and (checked or all(self._overlappable(w.seq) for w in work)):
                 return self._launch(work)
         except Exception as e:
             return self._failed(work, e)
-        if self._flight is not None:  # not expected (step() lands first); kept safe all the same
-            self._land()
-            work = [w for w in work if not w.seq.data.finished]
         try:
             dev = self.model.device
             if decode_only:  # one row per sequence

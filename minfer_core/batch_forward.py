@@ -72,8 +72,8 @@ class Batch:
 def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
     cache, multiplying with ``mm``, the single rows attending with ``attn`` (a paged_decode
-    Candidate: the engine's, see ``BatchEngine.attn``); logits (L, vocab) of ``b.logit_rows``. Reads no host value of
-    any tensor of ``b``."""
+    Candidate: the engine's, see ``BatchEngine.attn``); logits (L, vocab) of ``b.logit_rows``.
+    Reads no host value of any tensor of ``b``."""
     cfg, rt = model.cfg, model.rt
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]

@@ -101,7 +101,7 @@ def fused_split(n: int, spans: int, bn: int) -> int:
     return split
 
 
-def fused_gemm_tile(m: int, qtype: QT = QT.Q4_K) -> tuple[int, int, int, int]:
+def fused_gemm_tile(m: int, qtype: QT) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the fused plane GEMM for ``m`` rows of
     ``qtype`` (the bucket's tile, or q6_K's own where it has one)."""
     top, tile = next((top, tile) for top, tile in FUSED_GEMM_TILES if top is None or m <= top)
