@@ -7,12 +7,14 @@ wall time, the sum of GPU kernel time, and the kernels taking the most GPU time.
 per-rep wall times of ``--reps`` prefills (to see whether the first ones run slower) and the
 decode step as the engine runs it (CUDA graph replay) per token. With ``--batch``: for each B, the
 batched engine's decode step with B sequences of ``--pp`` tokens (wall per step, the host's share,
-and the kernel table); ``--no-overlap`` reads each step back before launching the next.
+and the kernel table), and the step that prefills all B prompts at once (wall, unprofiled and
+profiled, and its kernel table); ``--no-overlap`` reads each step back before launching the next.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -72,6 +74,31 @@ def batched(eng, sizes: list[int], pp: int, top: int, overlap: bool) -> None:
         print(kernel_table(prof, top, per=4))
         while be.step():
             pass
+        prompt_step(be, eng, b, pp, top)
+
+
+def prompt_step(be, eng, b: int, pp: int, top: int) -> None:
+    """The step prefilling ``b`` prompts of ``pp`` tokens at once: a warm-up, a timed and a
+    profiled one."""
+    from minfer_core.batch_engine import Request
+    from minfer_core.sampling import SamplerConfig
+
+    walls = []
+    for rep in range(3):
+        for i in range(b):
+            be.submit(Request(_random_ids(eng, pp, 100 * rep + i), 2, SamplerConfig(temp=0), ignore_eos=True))
+        torch.cuda.synchronize(eng.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if rep == 2 else \
+                contextlib.nullcontext() as prof:
+            t0 = time.perf_counter()
+            be.step()
+            torch.cuda.synchronize(eng.device)
+            walls.append(time.perf_counter() - t0)
+        while be.step():
+            pass
+    print(f"\n== batched prompt step, B={b} x {pp}: wall {walls[1] * 1e3:.2f} ms ({b * pp / walls[1]:,.0f} tok/s), "
+          f"profiled {walls[2] * 1e3:.2f} ms")
+    print(kernel_table(prof, top))
 
 
 def main() -> None:
