@@ -33,7 +33,7 @@ from .dispatch import wrap_step
 from .engine import Engine, StopStream, log
 from .errors import UserError
 from .kv_pages import BlockPool
-from .matmuls import BatchMatmuls, DecodeMatmuls
+from .matmuls import BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
@@ -48,6 +48,10 @@ ROWS_MAX_PARALLEL = 32
 #: weight's kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's q5_0,
 #: would do that 4x as often: its B=8 S_PP fell to 753 from 3,232).
 GPU_ROW_TILES = ((1, 64), (16, 16), (64, 64), (None, 128))
+#: Tile of a step's prompt rows on a GPU (TiledPromptMatmuls): each weight is expanded once a step
+#: and cuBLAS multiplies the tiles; 256-row tiles are where a bf16 GEMM stops being bound by reading
+#: the expanded weight (7B: ~13 GB of bf16 a tile). On the CPU: 16 (small test shapes).
+GPU_PROMPT_TILE = 256
 
 _ids = itertools.count()
 
@@ -112,7 +116,8 @@ class _Flight:
 class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
                  segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
-                 graphs: Optional[bool] = None, rows: Optional[bool] = None, overlap: bool = True):
+                 graphs: Optional[bool] = None, rows: Optional[bool] = None, overlap: bool = True,
+                 prompt_tile: Optional[int] = None):
         self.engine, self.model = engine, engine.model
         self.overlap = overlap  # launch the next greedy decode-only step before reading this one back
         self._flight: Optional[_Flight] = None
@@ -123,8 +128,10 @@ class BatchEngine:
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (self._gpu_row_tile(parallel) if self.model.device.type == "cuda" else 16)
         self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
+        self.prompt_tile = prompt_tile or (GPU_PROMPT_TILE if self.model.device.type == "cuda" else 16)
+        self.prompt_mm = TiledPromptMatmuls(self.model.rt, self.prompt_tile)
         # one sequence at a time (never batched with another): its decode steps run the single-stream
-        # decode kernels; its prompt rows keep the batched ones, so a prefix hit changes nothing
+        # decode kernels
         self.decode_mm = DecodeMatmuls(self.model.rt) if parallel == 1 else self.step_mm
         attn = self.model.rt.attn_paged
         if attn is None:
@@ -165,7 +172,7 @@ class BatchEngine:
     def load(cls, path, *, n_ctx: int, parallel: int, max_queue: int, gpu_memory: Optional[float] = None,
              block_size: int = 16, kv_blocks: Optional[int] = None, segment: int = 64, step_tokens: int = 512,
              row_tile: Optional[int] = None, graphs: Optional[bool] = None, rows: Optional[bool] = None,
-             **engine_load_kwargs) -> "BatchEngine":
+             prompt_tile: Optional[int] = None, **engine_load_kwargs) -> "BatchEngine":
         """Load the model and size the KV pool: ``kv_blocks`` blocks, else on a GPU what fits in
         ``gpu_memory`` (a fraction of the device's memory when <= 1, else GiB; default 0.9) after
         the weights, at most enough for ``parallel`` full contexts; on the CPU ``parallel`` full
@@ -177,7 +184,9 @@ class BatchEngine:
         (default on a GPU by ``parallel``, ``GPU_ROW_TILES``; 16 on the CPU), padded: either way a
         request's bits are independent of the batch. Both are fixed for the engine's life. Larger
         tiles read each weight fewer times in big steps (a step of B rows runs every matmul
-        ceil(B / tile) times); smaller ones waste less on small steps. ``graphs``: ``False`` runs every
+        ceil(B / tile) times); smaller ones waste less on small steps. Those are the rows at
+        generated positions; rows at prompt positions run over tiles of ``prompt_tile`` rows
+        (default ``GPU_PROMPT_TILE`` on a GPU, 16 on the CPU), each weight expanded once a step. ``graphs``: ``False`` runs every
         step eagerly; otherwise decode-only steps go through the plugin the policy's
         ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of 1..256
         sequences, on a GPU unless the plugin is off)."""
@@ -193,7 +202,8 @@ class BatchEngine:
             raise UserError(f"the KV pool holds {kv_blocks * block_size} tokens, less than one context of "
                             f"{engine.model.n_ctx}: lower -c or raise --gpu-memory")
         return cls(engine, parallel=parallel, max_queue=max_queue, n_blocks=kv_blocks, block_size=block_size,
-                   segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs, rows=rows)
+                   segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs, rows=rows,
+                   prompt_tile=prompt_tile)
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, req: Request) -> str:
@@ -373,7 +383,7 @@ class BatchEngine:
                     logits.index_select(0, torch.tensor(sampled, device=dev))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
-                logits = self.model.forward_batch(batch, self.block_size, self.step_mm, self.attn)
+                logits = self.model.forward_batch(batch, self.block_size, self.step_mm, self.attn, self.prompt_mm)
             tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:
             return self._failed(work, e)

@@ -2,13 +2,15 @@
 
 A step holds rows of any mix of sequences: prompt segments (several rows attending together) and
 single rows (a decode token, or a generated token recomputed after preemption). Each layer is the
-model's one block (``Transformer.layer``) with this module's attention and the engine's matmuls,
-the batched ones (:class:`~minfer_core.matmuls.BatchMatmuls`): a weight with a row-invariant kernel
-(``plan.batch``: its rows' bits never depend on the row count) multiplies all rows at once,
-RMSNorm, SwiGLU and the residual fused as its candidate says; every other weight, with its norms,
-runs over fixed tiles of rows (padded), so a row never shares a matmul shape with a different
-number of rows. RoPE and the K/V write run in
-one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
+model's one block (``Transformer.layer``) with this module's attention and the engine's matmuls.
+Rows at generated positions (and the output head's) take the batched ones
+(:class:`~minfer_core.matmuls.BatchMatmuls`): a weight with a row-invariant kernel (``plan.batch``:
+its rows' bits never depend on the row count) multiplies all rows at once, RMSNorm, SwiGLU and the
+residual fused as its candidate says; every other weight, with its norms, runs over fixed tiles of
+rows (padded), so a row never shares a matmul shape with a different number of rows. Rows at
+prompt positions take the engine's prompt matmuls (:class:`~minfer_core.matmuls.TiledPromptMatmuls`:
+fixed tiles of their own). Which a row takes depends on its position in its sequence alone. RoPE
+and the K/V write run in one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
 into one call per layer of the plan's ``paged_decode`` attention, whose entries are independent;
 each prompt segment is one ``prefill`` attention call over its sequence's gathered blocks. A
 row's result is then the same bits whatever else the batch holds (batch invariance).
@@ -22,10 +24,11 @@ Shapes: T rows, H query heads, Hkv KV heads, D head dim.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from .matmuls import Matmuls
+from .matmuls import Matmuls, SplitMatmuls
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # entry counts of the paged attention (and of graphs)
 
@@ -67,13 +70,16 @@ class Batch:
     tables: torch.Tensor
     lens: torch.Tensor
     n_single: int
+    n_gen: int = -1  # rows [0, n_gen) are at generated positions, the rest at prompt ones (-1: all)
 
 
-def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn) -> torch.Tensor:
+def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn,
+                  prompt_mm: Optional[Matmuls] = None) -> torch.Tensor:
     """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
-    cache, multiplying with ``mm``, the single rows attending with ``attn`` (a paged_decode
-    Candidate: the engine's, see ``BatchEngine.attn``); logits (L, vocab) of ``b.logit_rows``.
-    Reads no host value of any tensor of ``b``."""
+    cache, multiplying the rows at generated positions (and the output head's) with ``mm``, those at
+    prompt positions with ``prompt_mm`` (default ``mm``), the single rows attending with ``attn`` (a
+    paged_decode Candidate: the engine's, see ``BatchEngine.attn``); logits (L, vocab) of
+    ``b.logit_rows``. Reads no host value of any tensor of ``b``."""
     cfg, rt = model.cfg, model.rt
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     T = b.tokens.shape[0]
@@ -99,9 +105,12 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn) -> torch.
                     r1 - r0, H * D)
         return o.contiguous()
 
+    n_gen = T if b.n_gen < 0 else b.n_gen
+    layer_mm = mm if prompt_mm is None or n_gen == T else prompt_mm if n_gen == 0 else \
+        SplitMatmuls(mm, prompt_mm, n_gen)
     h = model.embed(b.tokens)
     for i in range(cfg.n_layers):
-        h = model.layer(i, h, mm, attend)
+        h = model.layer(i, h, layer_mm, attend)
     L = b.logit_rows.shape[0]
     if L == 0:
         return h.new_zeros(0, cfg.vocab_size)

@@ -52,25 +52,40 @@ class StepPacker:
         return packed
 
     def mixed(self, work: list[Work], device) -> tuple[Batch, list[int]]:
-        """Any step: every row, each sequence's multi-row calls, and the single rows as paged
-        attention entries padded to a bucket; the indices of the works whose logits are wanted."""
+        """Any step: every row (those at generated positions first, then those at prompt positions),
+        each sequence's multi-row calls, and the single rows as paged attention entries padded to a
+        bucket; the indices of the works whose logits are wanted."""
         bs = self.block_size
+        # rows: each work's generated positions, in work order, then each work's prompt positions
+        gen = [range(max(w.start, w.seq.n_prompt), w.end) for w in work]
+        prompt = [range(w.start, min(w.end, w.seq.n_prompt)) for w in work]
+        n_gen = sum(map(len, gen))
+        first, g0, p0 = [], 0, n_gen  # each work's first row of each kind
+        for g, p in zip(gen, prompt):
+            first.append((g0, p0))
+            g0, p0 = g0 + len(g), p0 + len(p)
         tokens, positions, slots, calls, singles, logit_rows, sampled = [], [], [], [], [], [], []
+        for part in (gen, prompt):
+            for w, pos in zip(work, part):
+                tokens += w.seq.tokens[pos.start:pos.stop]
+                positions += pos
+                slots += [self.slot(w.seq, p) for p in pos]
         for k, w in enumerate(work):
-            seq, r0 = w.seq, len(tokens)
-            tokens += seq.tokens[w.start:w.end]
-            positions += range(w.start, w.end)
-            slots += [self.slot(seq, p) for p in range(w.start, w.end)]
+            seq, (g0, p0) = w.seq, first[k]
+
+            def row(pos: int) -> int:
+                return p0 + pos - w.start if pos < seq.n_prompt else g0 + pos - max(w.start, seq.n_prompt)
+
             multi = []
             for a, b in w.calls:
                 if b - a == 1:
-                    singles.append((r0 + a - w.start, a + 1, seq))
+                    singles.append((row(a), a + 1, seq))
                 else:
-                    multi.append((r0 + a - w.start, r0 + b - w.start, a))
+                    multi.append((row(a), row(a) + b - a, a))
             if multi:
                 calls.append((seq.blocks[:-(-w.end // bs)], multi))
             if w.end == len(seq.tokens):
-                logit_rows.append(len(tokens) - 1)
+                logit_rows.append(row(w.end - 1))
                 sampled.append(k)
         n = len(singles)
         e = bucket(n) if n else 0
@@ -89,5 +104,5 @@ class StepPacker:
             seqs.append(SeqAttention(parts[6][at:at + len(blocks)], multi))
             at += len(blocks)
         batch = Batch(parts[0], parts[1], parts[2], seqs, parts[3], parts[4],
-                      parts[7].view(e, self.max_blocks).to(torch.int32), parts[5].to(torch.int32), n)
+                      parts[7].view(e, self.max_blocks).to(torch.int32), parts[5].to(torch.int32), n, n_gen)
         return batch, sampled

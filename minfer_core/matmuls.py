@@ -14,6 +14,11 @@ eps)`` (``plain_norm``: the output head's, computed by torch) or SwiGLU of ``x =
 - :class:`BatchMatmuls`: a batched step's rows, each of whose bits must not depend on the others:
   the plan's row-invariant kernels (``plan.batch``) over all rows, else fixed tiles of ``tile``
   rows (padded).
+- :class:`TiledPromptMatmuls`: a batched step's prompt rows, just as independent of each other:
+  every weight on its prefill kernel over fixed tiles (padded), sharing one weight expansion per
+  step (``Candidate.tiled``), the cheapest way to run many prompt rows.
+- :class:`SplitMatmuls`: a batched step's leading rows (generated positions) on one of those, the
+  rest (prompt positions) on another.
 """
 
 from __future__ import annotations
@@ -98,3 +103,47 @@ class BatchMatmuls(Matmuls):
                 y = (torch.cat(parts[n]) if len(parts[n]) > 1 else parts[n][0])[:T]
                 out[n] = y if residual is None else residual + y
         return [out[n] for n in names]
+
+
+def _pad(x: torch.Tensor, tile: int) -> torch.Tensor:
+    return F.pad(x, (0, 0, 0, -x.shape[0] % tile)) if x.shape[0] % tile else x
+
+
+class TiledPromptMatmuls(Matmuls):
+    """Prompt rows: the norm / SwiGLU producers (row-wise kernels) over all rows, padded to whole
+    tiles of ``tile`` rows (at least ``PREFILL_ROWS``), then each weight's prefill kernel tile by
+    tile (:meth:`~minfer_core.model.Runtime.tiled_linear`)."""
+
+    def __init__(self, rt, tile: int):
+        super().__init__(rt)
+        if tile < PREFILL_ROWS:
+            raise ValueError(f"prompt tile {tile} is under {PREFILL_ROWS} rows")
+        self.tile = tile
+
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+        rt, T = self.rt, x.shape[0]
+        xp = _pad(x, self.tile)
+        if norm is not None:
+            a = rt.produce(rmsnorm(xp, *norm)) if plain_norm else rt.rmsnorm(xp, *norm)
+        elif swiglu:
+            a = rt.swiglu(xp)
+        else:
+            a = rt.produce(xp)
+        return _add([rt.tiled_linear(n, a, self.tile)[:T] for n in names], residual)
+
+
+class SplitMatmuls(Matmuls):
+    """Rows ``[0, split)`` on ``head``, the rest on ``tail``, one call each; the outputs joined."""
+
+    def __init__(self, head: Matmuls, tail: Matmuls, split: int):
+        super().__init__(head.rt)
+        self.head, self.tail, self.split = head, tail, split
+
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+        s = self.split
+        if s == 0 or s == x.shape[0]:
+            return (self.head if s else self.tail)(names, x, norm, swiglu, residual, plain_norm)
+        r = (None, None) if residual is None else (residual[:s], residual[s:])
+        a = self.head(names, x[:s], norm, swiglu, r[0], plain_norm)
+        b = self.tail(names, x[s:], norm, swiglu, r[1], plain_norm)
+        return [torch.cat([u, v]) for u, v in zip(a, b)]

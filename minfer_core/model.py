@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .model_config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
-from .matmuls import PREFILL_ROWS, DecodeMatmuls, PromptMatmuls
+from .matmuls import PREFILL_ROWS, DecodeMatmuls, PromptMatmuls, row_tiles
 from .reference import rmsnorm_rows as rmsnorm
 from .weights import Activation, Weight
 
@@ -77,6 +77,16 @@ class Runtime:
             return self._run(self.plan.prefill[name], act)
         f32 = x.f32 if isinstance(x, Activation) else x
         return self._run(self.plan.decode[name], f32)
+
+    def tiled_linear(self, name: str, act: Activation, tile: int) -> torch.Tensor:
+        """The prefill kernel of ``name`` over fixed tiles of ``tile`` rows of ``act`` (whole tiles,
+        ``tile >= PREFILL_ROWS``): a row's bits depend on that row and ``tile`` alone."""
+        c = self.plan.prefill[name]
+        self.counts[c.label] += 1
+        if c.tiled is not None:
+            return c.tiled(act, tile)
+        ys = [c.fn(act[t]) for t in row_tiles(act.rows, tile)]
+        return ys[0] if len(ys) == 1 else torch.cat(ys)
 
     def decode_linear(self, name: str, x: torch.Tensor, residual: torch.Tensor | None = None,
                       norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
@@ -233,8 +243,8 @@ class Transformer:
             h = self.layer(i, h, mm, attend)
         return self.head(h, mm)
 
-    def forward_batch(self, b, block_size: int, mm, attn) -> torch.Tensor:
+    def forward_batch(self, b, block_size: int, mm, attn, prompt_mm=None) -> torch.Tensor:
         """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
         from .batch_forward import forward_batch
 
-        return forward_batch(self, b, block_size, mm, attn)
+        return forward_batch(self, b, block_size, mm, attn, prompt_mm)

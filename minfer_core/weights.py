@@ -58,6 +58,10 @@ class Activation:
         t = self.f32 if self.f32 is not None else self.plane
         return t.shape[0]
 
+    def __getitem__(self, rows: slice) -> "Activation":
+        return Activation(None if self.f32 is None else self.f32[rows],
+                          None if self.plane is None else self.plane[rows])
+
 
 @dataclass
 class Candidate:
@@ -77,6 +81,10 @@ class Candidate:
     ``small_tiles`` (prefill matmuls): the kernel's time keeps falling with the row count down to 16
     rows (it expands no weight per call), so a batched engine of few sequences may run it over
     16-row tiles.
+    ``tiled`` (prefill matmuls, optional): ``tiled(act, tile)`` multiplies ``act`` (a whole number of
+    ``tile``-row tiles) one tile at a time with one kernel configuration for every tile, sharing
+    whatever the weight's expansion costs, so that a row's bits depend on that row and ``tile``
+    alone. Without it the core calls ``fn`` once per tile.
     """
 
     plugin: str
@@ -87,6 +95,7 @@ class Candidate:
     fuses: tuple[str, ...] = ()
     reads_raw: bool = True
     small_tiles: bool = False
+    tiled: Optional[Callable[..., Any]] = None
 
 
 @dataclass

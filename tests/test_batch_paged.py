@@ -243,10 +243,11 @@ def test_decode_only_steps_go_through_the_batch_step_wrapper(tmp_path, monkeypat
 
 def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypatch):
     """A third-party plugin offering ``minfer_batch_matmul_candidates`` (row by row in float64 here)
-    gets every weight of the batched step: called once per weight with all of the step's rows (no
-    padding to tiles), RMSNorm / SwiGLU / residual passed to it as its ``fuses`` says; a request's
-    tokens stay the same alone or among others; ``rows=False`` leaves it out; an engine of one
-    sequence gives it the prompt rows only."""
+    gets every weight of the batched step for the rows at generated positions and the output head:
+    called once per weight with all of those rows (no padding to tiles), RMSNorm / SwiGLU /
+    residual passed to it as its ``fuses`` says; a request's tokens stay the same alone or among
+    others; ``rows=False`` leaves it out. Prompt rows run on the prefill kernels over prompt tiles,
+    and in an engine of one sequence the plugin gets only the output head's row."""
     monkeypatch.delenv("MINFER_LOAD_PLUGINS", raising=False)
     (tmp_path / "site").mkdir()
     mod = install_fake(tmp_path / "site", monkeypatch, """
@@ -308,6 +309,7 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
     assert names == set(eng.plan.batch)
     counts = {c[1] for c in fake.calls}
     assert 6 in counts and any(n % 16 for n in counts)  # a whole decode step; steps not padded to tiles
+    assert max(counts) == 8  # a decode step in its bucket of 8 entries at most: never prompt rows
     assert {c[2:] for c in fake.calls if "ffn_down" in c[0]} == {(False, True, True)}
     assert {c[2:] for c in fake.calls if c[0] == "output"} == {(True, False, False)}
     fake.calls.clear()
@@ -315,24 +317,31 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
     generate(tiled, [[target]])
     assert fake.calls == []
 
-    # an engine of one sequence: its prompt rows on the plugin's kernel, its decode steps on the
-    # plan's decode kernels (as the single-stream engine runs them); a prefix hit changes nothing
+    # an engine of one sequence: its prompt rows on the prefill kernels over 16-row tiles, its decode
+    # steps on the plan's decode kernels (as the single-stream engine runs them); a prefix hit
+    # changes nothing
     rt = eng.model.rt
+    tiled_rows = []
+    tiled_linear = rt.tiled_linear
+    monkeypatch.setattr(rt, "tiled_linear", lambda n, a, tile: (tiled_rows.append((n, a.rows, tile)),
+                                                                tiled_linear(n, a, tile))[1])
     single = BatchEngine(eng, parallel=1, max_queue=8, n_blocks=48, segment=32, step_tokens=128)
     before = Counter(rt.counts)
     first, (r1,) = generate(single, [[target]])
-    assert {(c[0] == "output", c[1]) for c in fake.calls} == {(False, len(target)), (True, 1)}
-    assert sum(c[0] == "output" for c in fake.calls) == 1  # the prompt step's logits only
+    assert fake.calls == [("output", 1, True, False, False)]  # the prompt step's logits only
+    assert {(r, t) for _, r, t in tiled_rows} == {(48, 16)}  # 37 prompt rows in three 16-row tiles
+    assert {n for n, _, _ in tiled_rows} == set(eng.plan.prefill) - {"output"}
     assert all(rt.counts[c.label] >= before[c.label] + 5 for c in eng.plan.decode.values())  # 5 decode steps
     fake.calls.clear()
+    tiled_rows.clear()
     again, (r2,) = generate(single, [[target]])
     assert again[r2.id] == first[r1.id] and len(first[r1.id]) == 6
-    assert all(c[1] < len(target) for c in fake.calls)  # the prompt's prefix was reused
+    assert {(r, t) for _, r, t in tiled_rows} == {(16, 16)}  # the prompt's first segment was reused
 
 
 def test_every_pass_runs_the_models_one_block(tmp_path, monkeypatch):
     """A prompt, a single-stream decode step and a batched step each run ``Transformer.layer`` once per
-    layer, in order, with their own matmuls (prompt, decode, batched rows or tiles)."""
+    layer, in order, with their own matmuls (prompt, decode, batched prompt tiles, batched rows)."""
     eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
     model, seen = eng.model, []
     layer = model.layer
@@ -349,7 +358,7 @@ def test_every_pass_runs_the_models_one_block(tmp_path, monkeypatch):
     be.submit(Request(list(range(3, 20)), 2, GREEDY, ignore_eos=True))
     while be.step():
         pass
-    assert seen == [(i, "BatchMatmuls") for i in range(n)] * 2  # the prompt step, one decode step
+    assert seen == [(i, "TiledPromptMatmuls") for i in range(n)] + [(i, "BatchMatmuls") for i in range(n)]
 
 
 # -- GPU ---------------------------------------------------------------------------------------------

@@ -156,11 +156,12 @@ def test_7b_prefill_agrees_with_reference(tmp_path):
     assert rel < 5e-2, rel
     tol = 2 * float((lm - lr).abs().max())
     got = [lm] + [eng.decode(int(s.argmax())).float().cpu() for s in stream[:-1]]
-    checked = 0
+    checked, margins = 0, []
     for want, have in zip(stream, got):
         top2 = torch.topk(want, 2).values
-        if float(top2[0] - top2[1]) > tol:
+        margins.append(float(top2[0] - top2[1]))
+        if margins[-1] > tol:
             assert int(have.argmax()) == int(want.argmax()), checked
             checked += 1
-    assert checked >= 1, f"every top-2 margin under {tol}: nothing compared"
+    assert checked >= 1, f"every top-2 margin under {tol} (rel {rel}, margins {margins}): nothing compared"
     assert eng.model.rt.counts["mmq.pre.rope_kv"] > 0 and eng.plan.prefill["blk.0.ffn_gate_up"].label == "mmq.nb.q4_k"

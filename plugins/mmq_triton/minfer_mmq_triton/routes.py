@@ -174,8 +174,10 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
         # with its plane built, up to 64 rows run the fused GEMM, which expands nothing per call
-        return [Candidate(PLUGIN, label, _plane_fn(weight), gate, reads, reads_raw=not built, small_tiles=built)]
-    return [Candidate(PLUGIN, f"mmq.generic.{name}", _raw_fn(weight), "MINFER_MMQ", ("f32",))]
+        fn, tiled = _plane_fn(weight)
+        return [Candidate(PLUGIN, label, fn, gate, reads, reads_raw=not built, small_tiles=built, tiled=tiled)]
+    fn, tiled = _raw_fn(weight)
+    return [Candidate(PLUGIN, f"mmq.generic.{name}", fn, "MINFER_MMQ", ("f32",), tiled=tiled)]
 
 
 def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]]:
@@ -222,7 +224,8 @@ def _raw_fill(weight: Weight):
 
 def _plane_fn(weight: Weight):
     """Plane family: the fused GEMM for few rows, else expand + cuBLAS; raw blocks when no plane
-    was built (builder gate off, or a float16 overflow)."""
+    was built (builder gate off, or a float16 overflow). Its ``tiled`` form always expands (once
+    for all tiles)."""
     from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
@@ -230,16 +233,22 @@ def _plane_fn(weight: Weight):
     key = planes.BUILDERS[qt][0]
     raw_fill = _raw_fill(weight)
 
+    def fill():
+        plane = weight.planes.get(key)
+        if plane is None:
+            return raw_fill
+        return lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1)
+
     def fn(act: Activation):
         a = bf16_rows(act)
         plane = weight.planes.get(key)
-        if plane is None:
-            return jit_matmul(a, n, k, weight.bias, raw_fill)
-        if tiles.use_fused(a.shape[0], n, k):
+        if plane is not None and tiles.use_fused(a.shape[0], n, k):
             return gemm_planes.gemm_fused(a, plane, weight.bias)
-        return jit_matmul(a, n, k, weight.bias,
-                          lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1))
-    return fn
+        return jit_matmul(a, n, k, weight.bias, fill())
+
+    def tiled(act: Activation, tile: int):
+        return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile)
+    return fn, tiled
 
 
 def _raw_fn(weight: Weight):
@@ -248,4 +257,7 @@ def _raw_fn(weight: Weight):
 
     def fn(act: Activation):
         return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill)
-    return fn
+
+    def tiled(act: Activation, tile: int):
+        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill, tile)
+    return fn, tiled

@@ -121,6 +121,31 @@ def test_jit_matmul_row_chunks(monkeypatch):
     _check(y, x, w, n)
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_jit_matmul_tiles_give_each_row_its_tiles_bits(monkeypatch, chunked):
+    """Over fixed tiles (one expansion for all of them, in row chunks or not): the product within
+    bf16 rounding of the f64 oracle, and every tile's rows the same bits as that tile multiplied
+    alone, wherever it sits among the others."""
+    from minfer_mmq_triton.launch import scratch
+    from minfer_mmq_triton.prefill.dequant_raw import dequant_raw
+
+    n, k, tile = 40, 256, 16
+    w = _weight(QT.Q8_0, n, k, seed=5)
+    if chunked:
+        monkeypatch.setattr(scratch, "SCRATCH_MAX", 16 * k)
+
+    def fill(o, r0, r1):
+        return dequant_raw(w.raw, w.qtype, k, o, r0, r1)
+
+    x = torch.randn(3 * tile, k, device=DEV)
+    a = x.to(torch.bfloat16)
+    y = scratch.jit_matmul(a, n, k, w.bias, fill, tile)
+    _check(y, x, w, n)
+    for t in range(3):
+        alone = scratch.jit_matmul(a[t * tile:(t + 1) * tile].contiguous(), n, k, w.bias, fill, tile)
+        assert torch.equal(alone, y[t * tile:(t + 1) * tile]), t
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("qt", SERVED)
 @pytest.mark.parametrize("nk", [(1152, 896), (896, 4864), (4608, 3584), (3584, 18944)])

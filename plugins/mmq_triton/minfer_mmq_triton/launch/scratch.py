@@ -26,15 +26,22 @@ def bf16_rows(act: Activation) -> torch.Tensor:
 
 
 def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
-               fill: Callable[[torch.Tensor, int, int], torch.Tensor]) -> torch.Tensor:
-    """Expand the weight with ``fill(scratch, r0, r1)`` (rows ``r0:r1`` as bf16) and multiply."""
+               fill: Callable[[torch.Tensor, int, int], torch.Tensor], tile: Optional[int] = None) -> torch.Tensor:
+    """Expand the weight with ``fill(scratch, r0, r1)`` (rows ``r0:r1`` as bf16) and multiply;
+    ``tile``: one GEMM per ``tile`` rows of ``a`` (a whole number of them) under each expansion,
+    so that a row's bits depend on the tile's shape alone, not on how many rows ``a`` has."""
+    parts = a.split(tile) if tile else (a,)
     step = max(1, SCRATCH_MAX // k)
     if n <= step:
         w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
-        return mm_f32(a, w, bias)
+        ys = [mm_f32(p, w, bias) for p in parts]
+        return ys[0] if len(ys) == 1 else torch.cat(ys)
     y = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         w = fill(torch.empty(r1 - r0, k, dtype=torch.bfloat16, device=a.device), r0, r1)
-        mm_f32(a, w, None if bias is None else bias[r0:r1], out=y[:, r0:r1])
+        at = 0
+        for p in parts:
+            mm_f32(p, w, None if bias is None else bias[r0:r1], out=y[at:at + p.shape[0], r0:r1])
+            at += p.shape[0]
     return y
