@@ -8,7 +8,7 @@ per-rep wall times of ``--reps`` prefills (to see whether the first ones run slo
 decode step as the engine runs it (CUDA graph replay) per token. With ``--batch``: for each B, the
 batched engine's decode step with B sequences of ``--pp`` tokens (wall per step, the host's share,
 and the kernel table), and the step that prefills all B prompts at once (wall, unprofiled and
-profiled, and its kernel table); ``--no-overlap`` reads each step back before launching the next.
+profiled, its kernel table and the torch ops taking the most host time); ``--no-overlap`` reads each step back before launching the next.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ def kernel_table(prof, top: int, per: int = 1) -> str:
     out = [f"  GPU kernel time: {total / 1e3 / per:.3f} ms per run"]
     for t, n, k in rows[:top]:
         out.append(f"  {t / 1e3 / per:8.3f} ms {n // per:5d}x  {k[:110]}")
+    return "\n".join(out)
+
+
+def host_table(prof, top: int) -> str:
+    """The torch ops taking the most host time (self time, CPU side)."""
+    rows = sorted(((e.self_cpu_time_total, e.count, e.key) for e in prof.key_averages()
+                   if e.self_cpu_time_total > 0), reverse=True)
+    total = sum(r[0] for r in rows)
+    out = [f"  host time in torch ops: {total / 1e3:.3f} ms"]
+    out += [f"  {t / 1e3:8.3f} ms {n:5d}x  {k[:110]}" for t, n, k in rows[:top]]
     return "\n".join(out)
 
 
@@ -99,6 +109,7 @@ def prompt_step(be, eng, b: int, pp: int, top: int) -> None:
     print(f"\n== batched prompt step, B={b} x {pp}: wall {walls[1] * 1e3:.2f} ms ({b * pp / walls[1]:,.0f} tok/s), "
           f"profiled {walls[2] * 1e3:.2f} ms")
     print(kernel_table(prof, top))
+    print(host_table(prof, top))
 
 
 def main() -> None:
