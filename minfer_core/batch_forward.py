@@ -12,8 +12,9 @@ prompt positions take the engine's prompt matmuls (:class:`~minfer_core.matmuls.
 fixed tiles of their own). Which a row takes depends on its position in its sequence alone. RoPE
 and the K/V write run in one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
 into one call per layer of the plan's ``paged_decode`` attention, whose entries are independent;
-each prompt segment is one ``prefill`` attention call over its sequence's gathered blocks. A
-row's result is then the same bits whatever else the batch holds (batch invariance).
+the prompt segments go into one call per layer of its ``paged_prefill`` attention, whose calls are
+independent too. A row's result is then the same bits whatever else the batch holds (batch
+invariance).
 
 :func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, so a
 plugin may capture it (hook ``minfer_wrap_batch_step``: cuda_graphs' CUDA graphs); it is
@@ -40,21 +41,13 @@ def bucket(n: int) -> int:
 
 
 @dataclass
-class SeqAttention:
-    """One sequence's multi-row attention calls: its block table (blocks,) int64 on the device,
-    and each call as (first row, end row, first position); a call's rows see every key up to
-    themselves."""
-
-    block_table: torch.Tensor
-    calls: list[tuple[int, int, int]]
-
-
-@dataclass
 class Batch:
     """The rows of one batched step.
 
     tokens, positions, slots (T,) int64 on the device: each row's token, its position in its
-    sequence and the pool row its K/V go to. seqs: the multi-row attention calls. The single
+    sequence and the pool row its K/V go to. The multi-row attention calls: calls (C, 4) int32 (first
+    row, row count, first position, row of call_tables), call_tables (S, max_blocks) int32 (their
+    sequences' block tables), call_rows the most rows of a call (host int). The single
     rows, padded to ``bucket(n_single)`` entries: single_rows (E,) int64 (a row of this batch,
     any row for padding), tables (E, max_blocks) int32 (padding: the scratch block), lens (E,)
     int32 (position + 1; padding 1); ``n_single`` of them are real. logit_rows (L,) int64: the
@@ -64,7 +57,9 @@ class Batch:
     tokens: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
-    seqs: list[SeqAttention]
+    calls: torch.Tensor
+    call_tables: torch.Tensor
+    call_rows: int
     logit_rows: torch.Tensor
     single_rows: torch.Tensor
     tables: torch.Tensor
@@ -97,13 +92,9 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn,
         if b.n_single:
             out = rt._run(attn, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
             o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))
-        for s in b.seqs:
-            ks = kp.index_select(0, s.block_table).flatten(0, 1)
-            vs = vp.index_select(0, s.block_table).flatten(0, 1)
-            for r0, r1, p0 in s.calls:
-                o[r0:r1] = rt._run(rt.attn_prefill, q[r0:r1], ks[:p0 + r1 - r0], vs[:p0 + r1 - r0], p0).reshape(
-                    r1 - r0, H * D)
-        return o.contiguous()
+        if b.call_rows:
+            rt._run(rt.attn_paged_prefill, q, kp, vp, b.calls, b.call_tables, o, b.call_rows)
+        return o
 
     n_gen = T if b.n_gen < 0 else b.n_gen
     layer_mm = mm if prompt_mm is None or n_gen == T else prompt_mm if n_gen == 0 else \
@@ -123,6 +114,8 @@ def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn)
     point at the scratch block). Logits (E, vocab). Reads nothing on the host (capturable)."""
     e = inputs.shape[0]
     entries = torch.arange(e, device=inputs.device)
-    b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), [], entries, entries,
+    none = inputs.new_empty(0, 4, dtype=torch.int32)
+    b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), none, none, 0,
+              entries, entries,
               inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
     return forward_batch(model, b, block_size, mm, attn)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .batch_forward import Batch, SeqAttention, bucket
+from .batch_forward import Batch, bucket
 from .scheduler import Sequence, Work
 
 
@@ -55,7 +55,6 @@ class StepPacker:
         """Any step: every row (those at generated positions first, then those at prompt positions),
         each sequence's multi-row calls, and the single rows as paged attention entries padded to a
         bucket; the indices of the works whose logits are wanted."""
-        bs = self.block_size
         # rows: each work's generated positions, in work order, then each work's prompt positions
         gen = [range(max(w.start, w.seq.n_prompt), w.end) for w in work]
         prompt = [range(w.start, min(w.end, w.seq.n_prompt)) for w in work]
@@ -65,6 +64,7 @@ class StepPacker:
             first.append((g0, p0))
             g0, p0 = g0 + len(g), p0 + len(p)
         tokens, positions, slots, calls, singles, logit_rows, sampled = [], [], [], [], [], [], []
+        call_tables = []
         for part in (gen, prompt):
             for w, pos in zip(work, part):
                 tokens += w.seq.tokens[pos.start:pos.stop]
@@ -76,14 +76,11 @@ class StepPacker:
             def row(pos: int) -> int:
                 return p0 + pos - w.start if pos < seq.n_prompt else g0 + pos - max(w.start, seq.n_prompt)
 
-            multi = []
-            for a, b in w.calls:
-                if b - a == 1:
-                    singles.append((row(a), a + 1, seq))
-                else:
-                    multi.append((row(a), row(a) + b - a, a))
+            multi = [(row(a), b - a, a, len(call_tables)) for a, b in w.calls if b - a > 1]
+            singles += [(row(a), a + 1, seq) for a, b in w.calls if b - a == 1]
             if multi:
-                calls.append((seq.blocks[:-(-w.end // bs)], multi))
+                calls += multi
+                call_tables.append(self.table(seq))
             if w.end == len(seq.tokens):
                 logit_rows.append(row(w.end - 1))
                 sampled.append(k)
@@ -94,15 +91,14 @@ class StepPacker:
             tables[i] = self.table(seq)
         single_rows = [r for r, _, _ in singles] + [0] * (e - n)
         lens = [ln for _, ln, _ in singles] + [1] * (e - n)
-        seq_blocks = [b for blocks, _ in calls for b in blocks]
-        flat = np.concatenate([np.array(tokens + positions + slots + logit_rows + single_rows + lens + seq_blocks,
-                                        dtype=np.int64), tables.reshape(-1)])
+        ctab = np.stack(call_tables) if call_tables else np.empty((0, self.max_blocks), dtype=np.int64)
+        flat = np.concatenate([np.array(tokens + positions + slots + logit_rows + single_rows + lens
+                                        + [x for c in calls for x in c], dtype=np.int64),
+                               ctab.reshape(-1), tables.reshape(-1)])
         parts = torch.from_numpy(flat).to(device).split(
-            [len(tokens)] * 3 + [len(logit_rows), e, e, len(seq_blocks), tables.size])
-        seqs, at = [], 0
-        for blocks, multi in calls:
-            seqs.append(SeqAttention(parts[6][at:at + len(blocks)], multi))
-            at += len(blocks)
-        batch = Batch(parts[0], parts[1], parts[2], seqs, parts[3], parts[4],
-                      parts[7].view(e, self.max_blocks).to(torch.int32), parts[5].to(torch.int32), n, n_gen)
+            [len(tokens)] * 3 + [len(logit_rows), e, e, 4 * len(calls), ctab.size, tables.size])
+        batch = Batch(parts[0], parts[1], parts[2], parts[6].view(-1, 4).to(torch.int32),
+                      parts[7].view(-1, self.max_blocks).to(torch.int32), max((c[1] for c in calls), default=0),
+                      parts[3], parts[4], parts[8].view(e, self.max_blocks).to(torch.int32),
+                      parts[5].to(torch.int32), n, n_gen)
         return batch, sampled

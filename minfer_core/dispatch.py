@@ -25,7 +25,8 @@ from .weights import Activation, Candidate, Gate, LoadContext, Weight
 __all__ = ["Plan", "FuseChoice", "BackendError", "build_plan", "make_context", "ranking", "wrap_step",
            "wrap_decode_step", "check_backend", "release_raw", "tensor_class"]
 
-ATTENTION_PHASES = PHASES + ("paged_decode",)  # paged_decode: one query row per entry of a batch
+#: paged_decode: one query row per entry of a batch; paged_prefill: a batch's prompt rows, by call
+ATTENTION_PHASES = PHASES + ("paged_decode", "paged_prefill")
 PRODUCERS = ("rmsnorm", "swiglu")  # fused under fuse mode 1/2: hooks minfer_<kind>_candidates
 PREPASS = "prepass"
 DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate

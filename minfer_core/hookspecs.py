@@ -243,5 +243,12 @@ def minfer_attention_candidates(phase, ctx):
     ``fn`` may also offer ``fn.for_engine(parallel) -> fn`` (optional): the callable a batched
     engine of at most ``parallel`` sequences uses for its whole life, e.g. tuned for that load; the
     same contract holds for it.
+    ``"paged_prefill"`` (the batched engine's prompt rows): ``fn(q, k_pages, v_pages, calls,
+    block_tables, out, max_rows) -> out`` with ``q`` ``(T, n_heads, head_dim)``, pages as above,
+    ``calls`` ``(C, 4)`` int32 (first row, row count, first position, row of ``block_tables``),
+    ``block_tables`` ``(S, max_blocks)`` int32, ``out`` ``(T, n_heads * head_dim)`` float32 and
+    ``max_rows`` (a host int) the most rows of any call. Row ``i`` of a call is at position ``first +
+    i`` and sees its sequence's keys up to itself; ``fn`` writes the calls' rows of ``out`` and no
+    other. A call's result must not depend on the other calls.
     Return a list of Candidates or ``None`` (a phase the plugin does not know: ``None``).
     """

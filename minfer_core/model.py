@@ -60,6 +60,7 @@ class Runtime:
         self.attn_prefill = plan.attention["prefill"]
         self.attn_decode = plan.attention["decode"]
         self.attn_paged = plan.attention.get("paged_decode")  # the batched engine's single rows
+        self.attn_paged_prefill = plan.attention.get("paged_prefill")  # ... and its prompt segments
         self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
         self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
         self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]

@@ -93,6 +93,22 @@ def attention_paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     return out
 
 
+def attention_paged_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, calls: torch.Tensor,
+                            block_tables: torch.Tensor, out: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """Prompt rows over a paged pool: each call ``(first row, rows, first position, table row)`` of
+    ``calls`` (C, 4) is :func:`attention_prefill` of its rows of q (T, H, D) over its sequence's keys
+    gathered through ``block_tables`` (S, max_blocks); written into those rows of ``out`` (T, H*D)
+    float32. Reads the calls on the host."""
+    page = k_pages.shape[1]
+    kf, vf = k_pages.flatten(0, 1), v_pages.flatten(0, 1)
+    offs = torch.arange(page, device=q.device)
+    for r0, nr, p0, ti in calls.tolist():
+        end = p0 + nr
+        rows = (block_tables[ti, :-(-end // page)].long()[:, None] * page + offs).flatten()[:end]
+        out[r0:r0 + nr] = attention_prefill(q[r0:r0 + nr], kf.index_select(0, rows), vf.index_select(0, rows), p0)
+    return out
+
+
 def rmsnorm_rows(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row: x (M, E) f32, w (E,) -> (M, E)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -157,5 +173,6 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 @hookimpl
 def minfer_attention_candidates(phase, ctx):
-    fn = {"decode": attention_decode, "prefill": attention_prefill, "paged_decode": attention_paged_decode}.get(phase)
+    fn = {"decode": attention_decode, "prefill": attention_prefill, "paged_decode": attention_paged_decode,
+          "paged_prefill": attention_paged_prefill}.get(phase)
     return None if fn is None else [Candidate(NAME, f"ref.attn.{phase}", fn)]

@@ -109,7 +109,7 @@ def check_decode_paths(be, work, tol):
     assert inputs.shape[0] > len(work)  # padding entries present
     fixed = decode_rows(be.model, inputs, be.block_size, be.decode_mm, be.attn)[:len(work)]
     batch, sampled = be.packer.mixed(work, be.model.device)
-    assert sampled == list(range(len(work))) and batch.n_single == len(work) and not batch.seqs
+    assert sampled == list(range(len(work))) and batch.n_single == len(work) and batch.call_rows == 0
     general = be.model.forward_batch(batch, be.block_size, be.step_mm, be.attn)
     assert torch.equal(fixed, general)
     old = be.model.forward_batch(batch, be.block_size, be.step_mm,

@@ -146,7 +146,7 @@ def test_7b_prefill_agrees_with_reference(tmp_path):
     assert len(ids) >= 64
     lr = ref.prefill(ids)[-1].float().cpu()
     stream = [lr]
-    for _ in range(8):
+    for _ in range(24):  # teacher-forced positions: enough that some margin clears the tolerance
         stream.append(ref.decode(int(stream[-1].argmax())).float().cpu())
     del ref
     torch.cuda.empty_cache()

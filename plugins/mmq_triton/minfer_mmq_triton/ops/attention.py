@@ -192,13 +192,18 @@ def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int)
 
 def attention_candidates(phase: str, ctx) -> list[Candidate]:
     """Decode: the split-KV kernel. Paged decode (the batched engine): the paged split-KV kernel
-    (:mod:`.paged_attention`). Prefill (GPU only): torch's flash SDPA in f16."""
+    (:mod:`.paged_attention`); paged prefill, its prompt rows: :mod:`.paged_prefill`. Prefill (GPU
+    only): torch's flash SDPA in f16."""
     if phase == "decode":
         return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx)))]
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
 
         return [paged_candidate()]
+    if phase == "paged_prefill":
+        from .paged_prefill import paged_prefill_candidate
+
+        return [paged_prefill_candidate()]
     if ctx.device.type == "cuda":
         return [Candidate(PLUGIN, "mmq.attn.flash", prefill_flash)]
     return []
