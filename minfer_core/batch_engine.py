@@ -40,13 +40,14 @@ from .scheduler import Scheduler, Sequence, Work
 #: Engines serving at most this many sequences at once use the plan's row-invariant kernels (which
 #: beat 64-row tiles at up to 32 rows and lose to them at 64; bench_batch_gemm.py in benchmarks/).
 ROWS_MAX_PARALLEL = 32
-#: Row tiles on a GPU by engine size: (at most this many sequences, tile rows). H200, 7B, each pair in
-#: one call: B=8 S_TG 1,453 with 16-row tiles vs 1,279 with 64 (S_PP 3,260 vs 3,971: a prompt step
-#: runs 4x the launches); B=32 3,381 with 32 vs 3,309 with 64 (not taken: S_PP 3,949 vs 4,811); B=128
-#: 8,100 with one 128-row tile vs 5,896 with two of 64. An engine of one sequence decodes on the
-#: decode kernels, so its tiles only carry prompt rows. Tiles under 64 rows only when every tiled
-#: weight's kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's q5_0,
-#: would do that 4x as often: its B=8 S_PP fell to 753 from 3,232).
+#: Row tiles on a GPU by engine size: (at most this many sequences, tile rows); they carry the rows at
+#: generated positions (prompt rows take GPU_PROMPT_TILE). H200, 7B, each pair in one call: B=8 S_TG
+#: 1,453 with 16-row tiles vs 1,279 with 64; B=32 3,381 with 32 vs 3,309 with 64 (not taken then for
+#: its S_PP, measured when prompt rows still ran in these tiles); B=128 8,100 with one 128-row tile vs
+#: 5,896 with two of 64. An engine of one sequence decodes on the decode kernels, so its tiles only
+#: carry rows recomputed after a preemption. Tiles under 64 rows only when every tiled weight's
+#: kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's q5_0, would do
+#: that 4x as often).
 GPU_ROW_TILES = ((1, 64), (16, 16), (64, 64), (None, 128))
 #: Tile of a step's prompt rows on a GPU (TiledPromptMatmuls): each weight is expanded once a step
 #: and cuBLAS multiplies the tiles; 256-row tiles are where a bf16 GEMM stops being bound by reading
