@@ -187,10 +187,10 @@ class BatchEngine:
         tiles read each weight fewer times in big steps (a step of B rows runs every matmul
         ceil(B / tile) times); smaller ones waste less on small steps. Those are the rows at
         generated positions; rows at prompt positions run over tiles of ``prompt_tile`` rows
-        (default ``GPU_PROMPT_TILE`` on a GPU, 16 on the CPU), each weight expanded once a step. ``graphs``: ``False`` runs every
-        step eagerly; otherwise decode-only steps go through the plugin the policy's
-        ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of 1..256
-        sequences, on a GPU unless the plugin is off)."""
+        (default ``GPU_PROMPT_TILE`` on a GPU, 16 on the CPU), each weight expanded once a step.
+        ``graphs``: ``False`` runs every step eagerly; otherwise decode-only steps go through the
+        plugin the policy's ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of
+        1..256 sequences, on a GPU unless the plugin is off)."""
         if parallel < 1 or max_queue < 0:
             raise UserError("--parallel must be at least 1 and the queue size at least 0")
         engine = Engine.load(path, n_ctx=n_ctx, **engine_load_kwargs)

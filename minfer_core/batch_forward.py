@@ -10,10 +10,10 @@ residual fused as its candidate says; every other weight, with its norms, runs o
 rows (padded), so a row never shares a matmul shape with a different number of rows. Rows at
 prompt positions take the engine's prompt matmuls (:class:`~minfer_core.matmuls.TiledPromptMatmuls`:
 fixed tiles of their own). Which a row takes depends on its position in its sequence alone. RoPE
-and the K/V write run in one call of the plan's ``prefill_rope_kv`` op with each row's pool slot. Every single row goes
-into one call per layer of the plan's ``paged_decode`` attention, whose entries are independent;
-the prompt segments go into one call per layer of its ``paged_prefill`` attention, whose calls are
-independent too. A row's result is then the same bits whatever else the batch holds (batch
+and the K/V write run in one call of the plan's ``prefill_rope_kv`` op with each row's pool slot.
+Every single row goes into one call per layer of the plan's ``paged_decode`` attention, whose
+entries are independent; the prompt segments go into one call per layer of its ``paged_prefill``
+attention, whose calls are independent too. A row's result is then the same bits whatever else the batch holds (batch
 invariance).
 
 :func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, so a

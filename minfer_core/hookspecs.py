@@ -86,7 +86,9 @@ def minfer_matmul_candidates(weight, phase, ctx):
 @hookspec
 def minfer_batch_matmul_candidates(weight, ctx):
     """Offer kernels for the batched engine's ``y = [residual +] f(x) @ weight.T`` over all of a
-    step's rows at once, any number of them (1 .. 256 and more).
+    step's rows at generated positions (and the output head's rows) at once, any number of them
+    (1 .. 256 and more); prompt rows run on the prefill kernels over prompt tiles
+    (``Candidate.tiled``).
 
     A candidate's ``fn(x (M, K) f32, residual=None, norm=None, swiglu=False) -> (M, N) f32`` must
     give each row the same bits whatever ``M`` is and whatever the other rows hold (the batched
