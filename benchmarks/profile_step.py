@@ -7,8 +7,9 @@ wall time, the sum of GPU kernel time, and the kernels taking the most GPU time.
 per-rep wall times of ``--reps`` prefills (to see whether the first ones run slower) and the
 decode step as the engine runs it (CUDA graph replay) per token. With ``--batch``: for each B, the
 batched engine's decode step with B sequences of ``--pp`` tokens (wall per step, the host's share,
-and the kernel table), and the step that prefills all B prompts at once (wall, unprofiled and
-profiled, its kernel table and the torch ops taking the most host time); ``--no-overlap`` reads each step back before launching the next.
+and the kernel table; ``--sampled`` [``--host-sampling``]: requests that sample), and the step that
+prefills all B prompts at once (wall, unprofiled and profiled, its kernel table and the torch ops
+taking the most host time); ``--no-overlap`` reads each step back before launching the next.
 """
 
 from __future__ import annotations
@@ -50,19 +51,23 @@ def host_table(prof, top: int) -> str:
     return "\n".join(out)
 
 
-def batched(eng, sizes: list[int], pp: int, top: int, overlap: bool) -> None:
-    """The batched engine's decode-only steps at each batch size: wall, host time, kernels."""
+def batched(eng, sizes: list[int], pp: int, top: int, overlap: bool, sampled: bool = False,
+            device_sampling: bool = True) -> None:
+    """The batched engine's decode-only steps at each batch size: wall, host time, kernels.
+    ``sampled``: requests sample with the server's defaults (temperature 1, no filters), on the
+    device or (``device_sampling=False``) on the host."""
     from minfer_core.batch_engine import BatchEngine, Request
     from minfer_core.sampling import SamplerConfig
 
     steps = 12
     per_seq = -(-(pp + 3 * steps + 8) // 16)
     be = BatchEngine(eng, parallel=max(sizes), max_queue=max(sizes), n_blocks=max(sizes) * per_seq,
-                     overlap=overlap)
+                     overlap=overlap, device_sampling=device_sampling)
     for b in sizes:
         be.sched.step_tokens = b * pp
         for i in range(b):
-            be.submit(Request(_random_ids(eng, pp, 10 + i), 3 * steps + 4, SamplerConfig(temp=0), ignore_eos=True))
+            knobs = SamplerConfig(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=i) if sampled else SamplerConfig(temp=0)
+            be.submit(Request(_random_ids(eng, pp, 10 + i), 3 * steps + 4, knobs, ignore_eos=True))
         be.step()  # the prompts
         for _ in range(steps):  # warm-up: graph capture of this bucket
             be.step()
@@ -122,10 +127,14 @@ def main() -> None:
     ap.add_argument("--batch", default="", help="batch sizes: profile the batched engine's decode step instead")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                     help="batched: launch each decode step before reading the last one back (the default)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="batched: requests sample (temperature 1, no filters) instead of decoding greedily")
+    ap.add_argument("--host-sampling", action="store_true", help="batched, --sampled: draw on the host")
     a = ap.parse_args()
     eng = Engine.load(a.model, progress=False)
     if a.batch:
-        batched(eng, [int(b) for b in a.batch.split(",")], min(a.pp, 128), a.top, a.overlap)
+        batched(eng, [int(b) for b in a.batch.split(",")], min(a.pp, 128), a.top, a.overlap, a.sampled,
+                not a.host_sampling)
         return
     dev = eng.device
     ids = _random_ids(eng, a.pp, 1)

@@ -34,6 +34,7 @@ from .engine import Engine, StopStream, log
 from .errors import UserError
 from .kv_pages import BlockPool
 from .matmuls import BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
+from .device_sampler import row_key, sample_rows
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
@@ -93,6 +94,8 @@ class _Live:
         self.req = req
         self.sampler = Sampler(req.sampling)
         self.greedy = req.sampling.greedy and req.sampling.repeat_penalty == 1.0  # plain argmax
+        # sampled, no penalty: drawable on the device (device_sampler)
+        self.device_draw = not req.sampling.greedy and req.sampling.repeat_penalty == 1.0
         self.text = StopStream(tok, req.stop)
         self.out: list[int] = []
         self.finished = False  # its last event is out (a step in flight may still hold a row of it)
@@ -118,9 +121,11 @@ class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
                  segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
                  graphs: Optional[bool] = None, rows: Optional[bool] = None, overlap: bool = True,
-                 prompt_tile: Optional[int] = None):
+                 prompt_tile: Optional[int] = None, device_sampling: Optional[bool] = None):
         self.engine, self.model = engine, engine.model
         self.overlap = overlap  # launch the next greedy decode-only step before reading this one back
+        # sampled requests without a repeat penalty drawn on the device (default: on a GPU)
+        self.device_sampling = device_sampling if device_sampling is not None else self.model.device.type == "cuda"
         self._flight: Optional[_Flight] = None
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
@@ -409,14 +414,25 @@ class BatchEngine:
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """The next token of each sequence from its row of ``logits``: one argmax over every
-        plain-greedy request, the others' rows brought to the host at once for their own
-        samplers; one wait per step."""
+        plain-greedy request; with ``device_sampling`` the sampled ones without a repeat penalty
+        drawn on the device (``device_sampler``, keyed by the request's seed and draw number);
+        the rest, and rows the device leaves to the host, brought to the host at once for their own
+        samplers."""
         greedy = [i for i, s in enumerate(seqs) if s.data.greedy]
         other = [i for i, s in enumerate(seqs) if not s.data.greedy]
         out = [0] * len(seqs)
         if greedy:
             sel = logits if len(greedy) == len(seqs) else logits[greedy]
             picked = self._greedy_tokens([seqs[i] for i in greedy], sel)
+        on_dev = [i for i in other if self.device_sampling and seqs[i].data.device_draw]
+        if on_dev:
+            lives = [seqs[i].data for i in on_dev]
+            drawn = sample_rows(logits[on_dev], [lv.req.sampling for lv in lives],
+                                [row_key(lv.sampler.seed, len(lv.out)) for lv in lives])
+            for i, t in zip(on_dev, drawn):
+                out[i] = t
+            done = {i for i, t in zip(on_dev, drawn) if t is not None}
+            other = [i for i in other if i not in done]
         if other:
             host = logits[other].float().cpu()
             for j, i in enumerate(other):
