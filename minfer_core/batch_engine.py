@@ -5,14 +5,16 @@ One thread runs :meth:`BatchEngine.run_forever` (or calls :meth:`step`); any thr
 :meth:`submit`, :meth:`cancel` and :meth:`stats`. Each accepted request gets its events in order
 through ``on_event`` (called from the engine thread), the last one with ``finished=True``.
 A request's greedy tokens do not depend on what else runs (see :mod:`minfer_core.batch_forward`
-and :mod:`minfer_core.scheduler`); sampled tokens come from the request's own seeded generator.
+and :mod:`minfer_core.scheduler`); sampled tokens come from the request's own seed (drawn on the
+device, :mod:`minfer_core.device_sampler`, or by its host sampler), so they do not either.
 
 A step whose every sequence has one row (decode-only) runs from fixed shapes (entries padded to a
 bucket of 1..256 on a scratch block, :mod:`minfer_core.batch_inputs`), through the wrapper of the
 plugin the policy's ``batch_step`` order ranks first (hook ``minfer_wrap_batch_step``; cuda_graphs
 replays a CUDA graph per bucket on a GPU); other steps run eagerly. Both give a row the same bits.
-Plain-greedy requests take one argmax over the step's rows; the others' logits come to the host in
-one copy for their own samplers. While every running request decodes greedily and nothing waits,
+Plain-greedy requests take one argmax over the step's rows; with ``device_sampling`` (on a GPU) the
+sampled ones are drawn on the device; the others' logits come to the host in one copy for their own
+samplers. While every running request decodes greedily and nothing waits,
 decode-only steps overlap: each is launched before the last is read back (``overlap``).
 """
 
@@ -29,12 +31,12 @@ import torch
 
 from .batch_forward import decode_rows
 from .batch_inputs import StepPacker
+from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
 from .engine import Engine, StopStream, log
 from .errors import UserError
 from .kv_pages import BlockPool
 from .matmuls import BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
-from .device_sampler import row_key, sample_rows
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
