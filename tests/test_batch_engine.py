@@ -311,6 +311,12 @@ def test_cli_bench_and_parity_batched(tmp_path):
         ["PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s"]
     assert [[c.strip() for c in row.strip("|").split("|")][:4] for row in lines[2:]] == \
         [["20", "3", "1", "23"], ["20", "3", "3", "69"]]
+    tiled = minfer("--backend", "reference", "bench", "-m", model, "--batch", "2", "-p", "20", "-n", "2",
+                   "--prompt-tile", "32")
+    assert tiled.returncode == 0, tiled.stderr
+    small = minfer("--backend", "reference", "bench", "-m", model, "--batch", "2", "-p", "20", "-n", "2",
+                   "--prompt-tile", "8")
+    assert small.returncode != 0 and "at least 16 rows" in small.stderr and "Traceback" not in small.stderr
     par = minfer("--backend", "reference", "parity", "-m", model, "-p", "ab", "-n", "5", "--batch", "4")
     assert par.returncode == 0, par.stderr
     assert "alone vs among 3 others: identical" in par.stdout

@@ -38,8 +38,12 @@ def add_parser(sub):
                    help="batched serving instead (llama-batched-bench's table): for each B, B sequences of -p "
                         "prompt tokens prefilled together, then -n tokens each decoded together")
     p.add_argument("--row-tile", type=values.positive, metavar="N",
-                   help="with --batch: rows per fixed matmul tile of the batched engine (default: 64 on CUDA, "
-                        "16 on the CPU); a step of B rows runs every matmul ceil(B / N) times")
+                   help="with --batch: decoding rows per fixed matmul tile of the batched engine (default on CUDA "
+                        "by B: 16 up to 16 sequences, 64 up to 64, else 128; 16 on the CPU); a step of B rows runs "
+                        "every tiled matmul ceil(B / N) times")
+    p.add_argument("--prompt-tile", type=values.positive, metavar="N",
+                   help="with --batch: prompt rows per fixed matmul tile, at least 16 (default: 256 on CUDA, 16 on "
+                        "the CPU); each weight is expanded once a step and multiplied N rows at a time")
     return p
 
 
@@ -141,6 +145,8 @@ def _run_batched(args, tests) -> int:
     tgs = [n for k, n in tests if k == "tg"] or [0]
     if not batches or 0 in pps or 0 in tgs:
         raise UserError("--batch needs batch sizes and both -p and -n")
+    if args.prompt_tile is not None and args.prompt_tile < 16:
+        raise UserError(f"--prompt-tile {args.prompt_tile}: a prompt tile holds at least 16 rows")
     path = resolve_model(args.model)
     n_ctx = max(pps) + max(tgs) + 16
     results = []
@@ -148,7 +154,8 @@ def _run_batched(args, tests) -> int:
         engine = load_under(cfg, path, args, n_ctx)
         per_seq = -(-engine.model.n_ctx // 16)
         for b in batches:  # one engine per batch size, as `minfer serve --parallel B` would run it
-            be = BatchEngine(engine, parallel=b, max_queue=b, n_blocks=b * per_seq, row_tile=args.row_tile)
+            be = BatchEngine(engine, parallel=b, max_queue=b, n_blocks=b * per_seq, row_tile=args.row_tile,
+                             prompt_tile=args.prompt_tile)
             run_batched(be, min(pps), 2, b, seed=12345)  # warm-up: compilation, the decode graph captured
             for pp in pps:
                 for tg in tgs:
