@@ -14,8 +14,8 @@ plugin the policy's ``batch_step`` order ranks first (hook ``minfer_wrap_batch_s
 replays a CUDA graph per bucket on a GPU); other steps run eagerly. Both give a row the same bits.
 Plain-greedy requests take one argmax over the step's rows; with ``device_sampling`` (on a GPU) the
 sampled ones are drawn on the device; the others' logits come to the host in one copy for their own
-samplers. While every running request decodes greedily and nothing waits,
-decode-only steps overlap: each is launched before the last is read back (``overlap``).
+samplers. While every running request decodes greedily and nothing waits, decode-only steps
+overlap: each is launched before the last is read back (``overlap``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ fixed tiles of their own). Which a row takes depends on its position in its sequ
 and the K/V write run in one call of the plan's ``prefill_rope_kv`` op with each row's pool slot.
 Every single row goes into one call per layer of the plan's ``paged_decode`` attention, whose
 entries are independent; the prompt segments go into one call per layer of its ``paged_prefill``
-attention, whose calls are independent too. A row's result is then the same bits whatever else the batch holds (batch
-invariance).
+attention, whose calls are independent too. A row's result is then the same bits whatever else
+the batch holds (batch invariance).
 
 :func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, so a
 plugin may capture it (hook ``minfer_wrap_batch_step``: cuda_graphs' CUDA graphs); it is
@@ -65,7 +65,7 @@ class Batch:
     tables: torch.Tensor
     lens: torch.Tensor
     n_single: int
-    n_gen: int = -1  # rows [0, n_gen) are at generated positions, the rest at prompt ones (-1: all)
+    n_gen: int  # rows [0, n_gen) are at generated positions, the rest at prompt ones
 
 
 def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn,
@@ -96,9 +96,8 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn,
             rt._run(rt.attn_paged_prefill, q, kp, vp, b.calls, b.call_tables, o, b.call_rows)
         return o
 
-    n_gen = T if b.n_gen < 0 else b.n_gen
-    layer_mm = mm if prompt_mm is None or n_gen == T else prompt_mm if n_gen == 0 else \
-        SplitMatmuls(mm, prompt_mm, n_gen)
+    layer_mm = mm if prompt_mm is None or b.n_gen == T else prompt_mm if b.n_gen == 0 else \
+        SplitMatmuls(mm, prompt_mm, b.n_gen)
     h = model.embed(b.tokens)
     for i in range(cfg.n_layers):
         h = model.layer(i, h, layer_mm, attend)
@@ -117,5 +116,5 @@ def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn)
     none = inputs.new_empty(0, 4, dtype=torch.int32)
     b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), none, none, 0,
               entries, entries,
-              inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e)
+              inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e, e)
     return forward_batch(model, b, block_size, mm, attn)

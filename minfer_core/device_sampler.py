@@ -53,10 +53,10 @@ def _tile(x: torch.Tensor, cfgs: list[SamplerConfig], keys: list[int]) -> tuple[
     r, vocab = x.shape
     dev = x.device
     c = min(CANDIDATES, vocab)
-    k = torch.tensor([cf.top_k for cf in cfgs], device=dev)
-    top_p = torch.tensor([cf.top_p for cf in cfgs], device=dev)
-    min_p = torch.tensor([cf.min_p for cf in cfgs], device=dev)
-    inv_t = torch.tensor([1.0 / cf.temp for cf in cfgs], device=dev)
+    knobs = torch.tensor([[cf.top_k, cf.top_p, cf.min_p, 1.0 / cf.temp] for cf in cfgs], dtype=torch.float64)
+    k, top_p, min_p, inv_t = knobs.to(dev).T  # one copy; top_k exact in float64
+    k = k.long()
+    top_p, min_p, inv_t = top_p.float(), min_p.float(), inv_t.float()
     m = x.max(dim=1).values
     w = torch.exp(x - m[:, None])  # temperature-1 probabilities, times their sum
     vals, _ = torch.topk(x, c, dim=1)  # the best c, best first

@@ -70,6 +70,11 @@ class DecodeMatmuls(Matmuls):
         return [rt.decode_linear(n, x, residual=residual, norm=norm, swiglu=swiglu) for n in names]
 
 
+def _pad(x: torch.Tensor, tile: int) -> torch.Tensor:
+    """``x`` with zero rows added up to a whole number of ``tile``-row tiles."""
+    return F.pad(x, (0, 0, 0, -x.shape[0] % tile)) if x.shape[0] % tile else x
+
+
 def row_tiles(n: int, tile: int) -> list[slice]:
     return [slice(r, r + tile) for r in range(0, n, tile)]
 
@@ -89,7 +94,7 @@ class BatchMatmuls(Matmuls):
                 out[n] = rt.batch_linear(n, x, residual=residual, norm=norm, swiglu=swiglu)
         tiled = [n for n in names if n not in out]
         if tiled:
-            xp = F.pad(x, (0, 0, 0, -T % self.tile)) if T % self.tile else x
+            xp = _pad(x, self.tile)
             parts: dict[str, list[torch.Tensor]] = {n: [] for n in tiled}
             for t in row_tiles(xp.shape[0], self.tile):
                 a = xp[t]
@@ -103,10 +108,6 @@ class BatchMatmuls(Matmuls):
                 y = (torch.cat(parts[n]) if len(parts[n]) > 1 else parts[n][0])[:T]
                 out[n] = y if residual is None else residual + y
         return [out[n] for n in names]
-
-
-def _pad(x: torch.Tensor, tile: int) -> torch.Tensor:
-    return F.pad(x, (0, 0, 0, -x.shape[0] % tile)) if x.shape[0] % tile else x
 
 
 class TiledPromptMatmuls(Matmuls):
@@ -133,7 +134,8 @@ class TiledPromptMatmuls(Matmuls):
 
 
 class SplitMatmuls(Matmuls):
-    """Rows ``[0, split)`` on ``head``, the rest on ``tail``, one call each; the outputs joined."""
+    """Rows ``[0, split)`` on ``head``, the rest on ``tail``, one call each; the outputs joined
+    (``0 < split < rows``)."""
 
     def __init__(self, head: Matmuls, tail: Matmuls, split: int):
         super().__init__(head.rt)
@@ -141,8 +143,6 @@ class SplitMatmuls(Matmuls):
 
     def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
         s = self.split
-        if s == 0 or s == x.shape[0]:
-            return (self.head if s else self.tail)(names, x, norm, swiglu, residual, plain_norm)
         r = (None, None) if residual is None else (residual[:s], residual[s:])
         a = self.head(names, x[:s], norm, swiglu, r[0], plain_norm)
         b = self.tail(names, x[s:], norm, swiglu, r[1], plain_norm)

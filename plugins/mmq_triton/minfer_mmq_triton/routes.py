@@ -239,15 +239,14 @@ def _plane_fn(weight: Weight):
             return raw_fill
         return lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1)
 
-    def fn(act: Activation):
-        a = bf16_rows(act)
-        plane = weight.planes.get(key)
-        if plane is not None and tiles.use_fused(a.shape[0], n, k):
-            return gemm_planes.gemm_fused(a, plane, weight.bias)
-        return jit_matmul(a, n, k, weight.bias, fill())
-
-    def tiled(act: Activation, tile: int):
+    def tiled(act: Activation, tile: Optional[int] = None):
         return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile)
+
+    def fn(act: Activation):
+        plane = weight.planes.get(key)
+        if plane is not None and tiles.use_fused(act.rows, n, k):
+            return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias)
+        return tiled(act)
     return fn, tiled
 
 
@@ -255,9 +254,6 @@ def _raw_fn(weight: Weight):
     from .launch.scratch import bf16_rows, jit_matmul
     fill = _raw_fill(weight)
 
-    def fn(act: Activation):
-        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill)
-
-    def tiled(act: Activation, tile: int):
+    def tiled(act: Activation, tile: Optional[int] = None):
         return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill, tile)
-    return fn, tiled
+    return tiled, tiled
