@@ -18,6 +18,7 @@ over time.
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -58,12 +59,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8,32,128")
     ap.add_argument("--configs", nargs="*", default=None, help="T,G,W of the rows GEMM (default: tiles.ROWS_TILE)")
+    ap.add_argument("--ahead", default=None, help="blocks of L2 prefetch ahead in the rows GEMM, e.g. 0,2,4 "
+                    "(default: the kernel's own choice)")
     ap.add_argument("--fused", nargs="*", default=[], help="BM,BN,W,S tiles of the fused GEMM over all rows")
     ap.add_argument("--q6", action="store_true", help="the q6_K weights (down of half the layers, output head)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
     fused = [tuple(int(v) for v in c.split(",")) for c in args.fused]
+    aheads = [int(v) for v in args.ahead.split(",")] if args.ahead else [None]
     print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
     qt, build = (QT.Q6_K, planes.build_q6k) if args.q6 else (QT.Q4_K, planes.build_q4k)
     for name, (n, k) in (SHAPES_7B_Q6 if args.q6 else SHAPES_7B).items():
@@ -77,9 +81,9 @@ def main() -> None:
 
         for m in rows:
             x = torch.randn(m, k, device="cuda")
-            for t, g, w in configs if not args.q6 else ():
-                row(m, f"rows T{t} G{g} W{w}",
-                    lambda p: gemm_q4p_mma(x, p, None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w)))
+            for (t, g, w), ah in itertools.product(configs if not args.q6 else (), aheads):
+                row(m, f"rows T{t} G{g} W{w}" + ("" if ah is None else f" ahead {ah}"),
+                    lambda p: gemm_q4p_mma(x, p, None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w), ahead=ah))
             a = torch.randn(64, k, device="cuda").bfloat16()
             tiles64 = -(-m // 64)
             row(m, f"fused x{tiles64} (64-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(tiles64)])

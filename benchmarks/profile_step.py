@@ -61,9 +61,9 @@ def batched(eng, sizes: list[int], pp: int, top: int, overlap: bool, sampled: bo
 
     steps = 12
     per_seq = -(-(pp + 3 * steps + 8) // 16)
-    be = BatchEngine(eng, parallel=max(sizes), max_queue=max(sizes), n_blocks=max(sizes) * per_seq,
-                     overlap=overlap, device_sampling=device_sampling)
-    for b in sizes:
+    for b in sizes:  # one engine per size, as ``minfer bench --batch`` has (its kernels follow ``parallel``)
+        be = BatchEngine(eng, parallel=b, max_queue=b, n_blocks=b * per_seq, overlap=overlap,
+                         device_sampling=device_sampling)
         be.sched.step_tokens = b * pp
         for i in range(b):
             knobs = SamplerConfig(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=i) if sampled else SamplerConfig(temp=0)
@@ -90,6 +90,8 @@ def batched(eng, sizes: list[int], pp: int, top: int, overlap: bool, sampled: bo
         while be.step():
             pass
         prompt_step(be, eng, b, pp, top)
+        del be
+        torch.cuda.empty_cache()
 
 
 def prompt_step(be, eng, b: int, pp: int, top: int) -> None:

@@ -74,7 +74,7 @@ FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
 #: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K).
-DEQUANT_TILES = {"q4_k": (32, 2, 4), "q6_k": (32, 1, 4)}
+DEQUANT_TILES = {"q4_k": (32, 4, 4), "q6_k": (32, 1, 4)}
 
 #: PDL (``launch.pdl``): GEMVs over weights of fewer than PREFETCH_MAX_VALUES values ask L2 for
 #: PREFETCH_LINES 128-byte lines of each row before waiting for the previous kernel. It pays where
@@ -111,6 +111,11 @@ def fused_gemm_tile(m: int, qtype: QT) -> tuple[int, int, int, int]:
 #: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,
 #: num_warps); its split-K comes from the weight's shape, like the fused GEMM's.
 ROWS_TILE = (2, 1, 4)
+#: Blocks between a block's L2 prefetch and its loads in that GEMM when one program covers all the
+#: rows (``bench_batch_gemm.py --ahead 0,1,2,4,8``, 7B shapes at 8 rows: gate|up 48.8 vs 50.2 us,
+#: down 30.3 vs 33.5, o 13.3 vs 14.0; with more programs over the same weights it loses: at 32
+#: rows gate|up 131.0 vs 120.5).
+ROWS_AHEAD = 1
 
 
 def rows_config(n: int, k: int, span: int = 128) -> tuple[int, int, int, int]:

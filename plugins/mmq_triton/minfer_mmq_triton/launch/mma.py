@@ -1,4 +1,5 @@
-"""Gluon helpers shared by the tensor-core decode GEMVs (``q4_k.gemv_mma``, ``q6_k.gemv_mma``)."""
+"""Gluon helpers shared by the tensor-core kernels (the decode GEMVs ``q4_k.gemv_mma``, ``q6_k.gemv_mma``,
+and the batched step's ``q4_k.gemm_mma``)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,12 @@ def ax(n: gl.constexpr, axis: gl.constexpr, rank: gl.constexpr, layout: gl.const
         if d != axis:
             x = gl.expand_dims(x, d)
     return x
+
+
+_PREFETCH = gl.constexpr("prefetch.global.L2 [$1]; mov.u32 $0, 0;")
+
+
+@gluon.jit
+def prefetch_l2(p):
+    """Ask L2 for the 128-byte line at each address of ``p`` (nothing is loaded into registers)."""
+    return gl.inline_asm_elementwise(_PREFETCH, "=r,l", [p], dtype=gl.int32, is_pure=False, pack=1)

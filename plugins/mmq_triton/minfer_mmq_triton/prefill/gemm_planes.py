@@ -43,16 +43,18 @@ def _small_int(v, offset: tl.constexpr = 0.0):
 
 
 @triton.jit
-def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t):
+def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN: tl.constexpr = 32):
     """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``.
 
     Tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value
     ``128t + 64h + 32j + l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin``
     at block ``t // 2``. Offsets are built by multiplication so the compiler sees 64-byte
-    aligned, contiguous rows (16-byte loads).
+    aligned, contiguous rows (16-byte loads); ``RUN = 8``: contiguous in runs of 8 bytes only, so
+    that a thread's bytes are as many as the values of one 16-byte bf16 store.
     """
     j = tl.arange(0, 2)[None, :, None]
-    l = tl.arange(0, 32)[None, None, :]
+    i = tl.arange(0, 32)
+    l = ((i // RUN) * RUN + i % RUN)[None, None, :]
     r = rn[:, None, None]
     m3 = mask_n[:, None, None]
     b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
@@ -105,17 +107,23 @@ def _dequant_q4k_kernel(
     BLOCK_N: tl.constexpr, SPANS: tl.constexpr,
 ):
     """Planes of ``N`` rows -> bf16 ``out (N, K)``; program ``(pn, pk)`` writes rows
-    ``pn*BLOCK_N ..`` x values ``pk*128*SPANS .. +128*SPANS``."""
+    ``pn*BLOCK_N ..`` x values ``pk*128*SPANS .. +128*SPANS`` (SPANS even), reading two spans before
+    it writes them. A thread's bytes come in runs of 8 (``RUN``), the values of one 16-byte store
+    per nibble: the loads and stores share a layout, and no value goes through shared memory."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
+    m3 = mask_n[:, None, None]
     j = tl.arange(0, 2)[None, :, None]
-    l = tl.arange(0, 32)[None, None, :]
-    dst = out_ptr + rn[:, None, None] * stride_out + j * 32 + l
-    for s in tl.static_range(SPANS):
+    i = tl.arange(0, 32)
+    dst = out_ptr + rn[:, None, None] * stride_out + j * 32 + ((i // 8) * 8 + i % 8)[None, None, :]
+    for s in tl.static_range(0, SPANS, 2):
         t = tl.program_id(1) * SPANS + s
-        w_lo, w_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t)
-        tl.store(dst + t * 128, w_lo.to(tl.bfloat16), mask=mask_n[:, None, None])
-        tl.store(dst + t * 128 + 64, w_hi.to(tl.bfloat16), mask=mask_n[:, None, None])
+        a_lo, a_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN=8)
+        b_lo, b_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t + 1, RUN=8)
+        tl.store(dst + t * 128, a_lo.to(tl.bfloat16), mask=m3)
+        tl.store(dst + t * 128 + 64, a_hi.to(tl.bfloat16), mask=m3)
+        tl.store(dst + t * 128 + 128, b_lo.to(tl.bfloat16), mask=m3)
+        tl.store(dst + t * 128 + 192, b_hi.to(tl.bfloat16), mask=m3)
 
 
 @triton.jit
@@ -149,6 +157,8 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
     assert out.dtype == torch.bfloat16 and out.shape == (n, k) and out.stride(1) == 1 and k % 256 == 0
     if isinstance(plane, Q4KPlane):
         bn, spans, warps = config or DEQUANT_TILES["q4_k"]
+        if k % (128 * spans):
+            spans = 2  # K is a whole number of 256-value blocks
         qs, sc, dm = plane.qs[r0:r1], plane.sc[r0:r1], plane.dm[r0:r1]
         grid = (triton.cdiv(n, bn), k // (128 * spans))
         _dequant_q4k_kernel[grid](qs, sc, dm, out, n, qs.stride(0), sc.stride(0), dm.stride(0), out.stride(0),

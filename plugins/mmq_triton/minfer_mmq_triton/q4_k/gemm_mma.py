@@ -33,8 +33,9 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.mma import ax
+from ..launch.mma import ax, prefetch_l2
 from ..ops.quant_x import quantize_x
+from ..tiles import ROWS_AHEAD
 from .plane import Q4KPlane
 
 
@@ -108,11 +109,13 @@ def _block(b, wa, wb, dmw, acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)
 @gluon.jit
 def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, res_ptr, y_ptr, M, MP, N, NT,
                          HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, T: gl.constexpr, G: gl.constexpr,
-                         SPLIT: gl.constexpr):
+                         SPLIT: gl.constexpr, AHEAD: gl.constexpr):
     """Grid (cdiv(M, 8 G), cdiv(N, 16 T num_warps), SPLIT): a program owns G groups of 8 activation
     rows, a warp T tiles of 16 weight rows, a split ``cdiv(NT / 2, SPLIT)`` blocks. ``y`` (M, N), or
     with SPLIT > 1 the partials (SPLIT, M, N) (bias and residual are then added by the reduction).
-    x's tables have a row stride ``MP`` >= 8 G cdiv(M, 8 G)."""
+    x's tables have a row stride ``MP`` >= 8 G cdiv(M, 8 G). AHEAD > 0: each block first asks L2
+    for the weight words and scales of the block AHEAD blocks on (one 128-byte line a row each), so
+    that the loads of later blocks wait on L2 rather than on memory."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, group, g, c, r, p]: weight row g + 8 r, activation row 2 c + p
@@ -140,7 +143,15 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     last = gl.minimum(first + per, nb)
     acc = gl.zeros([W, T, G, 8, 4, 2, 2], gl.float32, layout=L)
     zero = gl.zeros([W, T, G, 8, 4, 2, 2], gl.int32, layout=L)
+    # one address a weight row for the prefetches: [warp, tile, g, r]
+    LP: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, gl.SliceLayout(6, L)))
+    prow = pid * BN + (ax(W, 0, 4, LP) * T + ax(T, 1, 4, LP)) * 16 + ax(8, 2, 4, LP) + 8 * ax(2, 3, 4, LP)
+    prow = gl.minimum(prow, N - 1).to(gl.int64)
     for b in range(first, last):
+        if AHEAD > 0:
+            nb_ahead = gl.minimum(b + AHEAD, last - 1)
+            prefetch_l2(qw_ptr + prow * (NT * 16) + nb_ahead * 32)
+            prefetch_l2(sc_ptr + prow * (NT * 2) + nb_ahead * 4)
         wa = _load_span(2 * b, qw_ptr, q_off, sc_ptr, sc_off)
         wb = _load_span(2 * b + 1, qw_ptr, q_off, sc_ptr, sc_off)
         acc = _block(b, wa, wb, gl.load(dm_ptr + dm_off + b), acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)
@@ -173,14 +184,18 @@ def _reduce_splits_kernel(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: tl.co
 
 
 def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int, num_warps: int, split: int,
-                 residual=None, norm=None, swiglu: bool = False) -> torch.Tensor:
+                 residual=None, norm=None, swiglu: bool = False, ahead: int | None = None) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` (``(M, 2K)`` ``[g | u]`` with ``swiglu``) -> float32 ``(M, N)``
     ``= [residual +] f(x) @ W.T + bias``, ``f`` the optional RMSNorm (``norm=(w, eps)``) or SwiGLU
-    applied by the quantizer. ``groups``: at most this many 8-row groups a program."""
+    applied by the quantizer. ``groups``: at most this many 8-row groups a program; ``ahead``: blocks
+    between a block's L2 prefetch and its loads (0: none; default ``tiles.ROWS_AHEAD`` when one
+    program covers all the rows, else none). No choice here changes a row's bits."""
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
     groups = min(groups, triton.next_power_of_2(triton.cdiv(m, 8)))
+    if ahead is None:
+        ahead = ROWS_AHEAD if m <= 8 * groups else 0
     xq, xs, xsum = quantize_x(x, norm, swiglu, rows=True, pad=max(16, 8 * groups))
     qw32, sc32, dm32 = plane.words()
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -192,7 +207,7 @@ def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int
     grid = (triton.cdiv(m, 8 * groups), triton.cdiv(n, 16 * tiles * num_warps), split)
     _gemm_q4p_mma_kernel[grid](xq, xs, xsum, qw32, sc32, dm32, b, r, out, m, xs.shape[1], n, nt,
                                HAS_BIAS=bias is not None, HAS_RES=residual is not None, T=tiles, G=groups,
-                               SPLIT=split, num_warps=num_warps)
+                               SPLIT=split, AHEAD=ahead, num_warps=num_warps)
     if split > 1:
         block = 1024
         _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, b, r, y, m, n, SPLIT=split,
