@@ -73,7 +73,8 @@ FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
-#: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K).
+#: Plane expansion kernels: (BLOCK_N, SPANS, num_warps); SPANS: 128-value spans per program (q4_K: of
+#: nine tiles in one call, within 3% of the best at each 7B shape; gate|up 112.9 us, 112.3-131.3).
 DEQUANT_TILES = {"q4_k": (32, 4, 4), "q6_k": (32, 1, 4)}
 
 #: PDL (``launch.pdl``): GEMVs over weights of fewer than PREFETCH_MAX_VALUES values ask L2 for

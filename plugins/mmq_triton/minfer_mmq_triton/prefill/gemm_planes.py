@@ -5,7 +5,7 @@ Two designs, picked per call by the row count and the weight shape (``tiles.use_
 * fused: one Triton GEMM loads nibble/scale tiles, dequantizes them in registers to bf16 and
   feeds ``tl.dot`` with fp32 accumulation; the weight is read once, nothing else is written.
 * just-in-time: a Triton kernel expands the planes into a transient bf16 scratch ``(N, K)``
-  (16-byte loads and stores), then cuBLAS multiplies (``minfer_core.linalg.mm_f32``).
+  (16-byte bf16 stores), then cuBLAS multiplies (``minfer_core.linalg.mm_f32``).
 
 The just-in-time path runs near cuBLAS's rate on the big weights; the fused GEMM wins for few rows
 (M <= 64, and the big weights up to one 128-row tile): narrow or K-long weights (qkv, o, down) give
