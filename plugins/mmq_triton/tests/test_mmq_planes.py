@@ -66,13 +66,14 @@ def test_q4k_plane_is_exact_where_float16_products_would_overflow():
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
-def test_dequant_plane_kernel(qt):
+@pytest.mark.parametrize("k", [512, 768])  # 768: 6 spans, no whole number of 4-span q4_K programs
+def test_dequant_plane_kernel(qt, k):
     from minfer_mmq_triton import planes
     from minfer_mmq_triton.prefill import gemm_planes
     from minfer_mmq_triton.synth import random_raw
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    n, k = 40, 512
+    n = 40
     raw = random_raw(qt, n, k, dev, seed=5)
     p = planes.BUILDERS[qt][1](raw, k)
     out = torch.full((n, k), float("nan"), dtype=torch.bfloat16, device=dev)
