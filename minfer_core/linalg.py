@@ -20,27 +20,45 @@ def has_out_dtype(device_type: str) -> bool:
         return False
 
 
+@lru_cache(maxsize=None)
+def writes_out(device_type: str) -> bool:
+    """Whether that GEMM also writes a given contiguous float32 tensor (``out=``) with the bits it
+    returns otherwise, so that row tiles land in their rows of one output without a copy."""
+    if not has_out_dtype(device_type):
+        return device_type == "cpu"
+    try:
+        a = torch.randn(32, 64, device="cuda").bfloat16()
+        y = torch.empty(64, 32, device="cuda")
+        torch.mm(a, a[:32].t(), out_dtype=torch.float32, out=y[16:48])
+        return torch.equal(y[16:48], torch.mm(a, a[:32].t(), out_dtype=torch.float32))
+    except (TypeError, RuntimeError):
+        return False
+
+
 def probe(device) -> None:
     """Settle which GEMM entry point :func:`mm_f32` uses on ``device`` (call at load time)."""
-    has_out_dtype(torch.device(device).type)
+    writes_out(torch.device(device).type)
 
 
 def mm_f32(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
            out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``a`` bf16 ``(M, K)`` @ ``w`` bf16 ``(N, K)``.T (+ bias) -> float32 ``(M, N)``.
+    """``a`` bf16 ``(M, K)`` @ ``w`` bf16 ``(N, K)``.T (+ bias) -> float32 ``(M, N)``, into ``out``
+    when given (written by the GEMM itself where it is contiguous and :func:`writes_out`).
 
     On CUDA one cuBLAS GEMM writes float32 directly (torch >= 2.8); on the CPU (interpreter tests)
     the bf16 operands are multiplied in float32, the same product up to summation order.
     """
-    if has_out_dtype(a.device.type):
-        y = torch.mm(a, w.t(), out_dtype=torch.float32)
+    dev = a.device.type
+    into = {"out": out} if out is not None and out.is_contiguous() and writes_out(dev) else {}
+    if has_out_dtype(dev):
+        y = torch.mm(a, w.t(), out_dtype=torch.float32, **into)
     elif a.is_cuda:  # older torch: bf16 result, widened (one extra pass over the output)
         y = torch.mm(a, w.t()).float()
     else:
-        y = torch.mm(a.float(), w.float().t())
+        y = torch.mm(a.float(), w.float().t(), **into)
     if bias is not None:
         y += bias
-    if out is not None:
+    if out is not None and y is not out:
         out.copy_(y)
         return out
     return y

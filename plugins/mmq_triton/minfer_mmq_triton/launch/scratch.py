@@ -32,11 +32,16 @@ def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
     so that a row's bits depend on the tile's shape alone, not on how many rows ``a`` has."""
     parts = a.split(tile) if tile else (a,)
     step = max(1, SCRATCH_MAX // k)
-    if n <= step:
-        w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
-        ys = [mm_f32(p, w, bias) for p in parts]
-        return ys[0] if len(ys) == 1 else torch.cat(ys)
+    if n <= step and len(parts) == 1:
+        return mm_f32(a, fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n), bias)
     y = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
+    if n <= step:  # each tile's GEMM writes its rows of y
+        w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
+        at = 0
+        for p in parts:
+            mm_f32(p, w, bias, out=y[at:at + p.shape[0]])
+            at += p.shape[0]
+        return y
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         w = fill(torch.empty(r1 - r0, k, dtype=torch.bfloat16, device=a.device), r0, r1)
