@@ -88,7 +88,7 @@ def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn,
         kp, vp = model.cache.pages(i, block_size)
         if all_single:  # every row is an entry of the paged attention, in order
             return rt._run(attn, q, kp, vp, b.tables, b.lens).reshape(T, H * D).contiguous()
-        o = torch.zeros(T, H * D, device=q.device, dtype=torch.float32)
+        o = torch.empty(T, H * D, device=q.device, dtype=torch.float32)  # each row: single or in a call
         if b.n_single:
             out = rt._run(attn, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
             o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))

@@ -364,6 +364,32 @@ def test_every_pass_runs_the_models_one_block(tmp_path, monkeypatch):
     assert seen == [(i, "TiledPromptMatmuls") for i in range(n)] + [(i, "BatchMatmuls") for i in range(n)]
 
 
+def test_every_row_of_a_step_is_a_single_row_or_in_one_call(tmp_path):
+    """The general step leaves its attention output uninitialized: each row must be written by one
+    of the two attention phases, i.e. be exactly one single row or one row of one call."""
+    eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
+    be = BatchEngine(eng, parallel=4, max_queue=8, n_blocks=64, segment=16, step_tokens=40)
+    batches = []
+    pack = be.packer.mixed
+
+    def spy(work, device):
+        batch, sampled = pack(work, device)
+        batches.append(batch)
+        return batch, sampled
+
+    be.packer.mixed = spy
+    for n in (5, 37, 20, 61):
+        be.submit(Request(list(range(3, 3 + n)), 6, GREEDY, ignore_eos=True))
+    while be.step():
+        pass
+    mixed = 0
+    for b in batches:
+        rows = b.single_rows[:b.n_single].tolist() + [r for f, k, _, _ in b.calls.tolist() for r in range(f, f + k)]
+        assert sorted(rows) == list(range(b.tokens.shape[0]))
+        mixed += b.n_single > 0 and b.calls.shape[0] > 0
+    assert mixed, "no step mixed single rows with prompt calls"
+
+
 # -- GPU ---------------------------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 3, 8, 100])

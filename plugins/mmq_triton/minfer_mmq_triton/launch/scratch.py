@@ -34,19 +34,15 @@ def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
     step = max(1, SCRATCH_MAX // k)
     if n <= step and len(parts) == 1:
         return mm_f32(a, fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n), bias)
+    # each GEMM writes its rows (and columns) of y; the bias is added once over all of them
     y = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
-    if n <= step:  # each tile's GEMM writes its rows of y
-        w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
-        at = 0
-        for p in parts:
-            mm_f32(p, w, bias, out=y[at:at + p.shape[0]])
-            at += p.shape[0]
-        return y
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         w = fill(torch.empty(r1 - r0, k, dtype=torch.bfloat16, device=a.device), r0, r1)
         at = 0
         for p in parts:
-            mm_f32(p, w, None if bias is None else bias[r0:r1], out=y[at:at + p.shape[0], r0:r1])
+            mm_f32(p, w, out=y[at:at + p.shape[0], r0:r1])
             at += p.shape[0]
+    if bias is not None:
+        y += bias
     return y
