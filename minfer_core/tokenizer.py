@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -186,6 +187,7 @@ class Tokenizer:
         self._special = [(self._tokens[i], i, self._types[i] == USER_DEFINED) for i in special]
         self._merges: Sequence[str] | None = merges
         self._hf_tok: _HFTokenizer | None = None  # built on first encode (~1 s for 150k tokens)
+        self._hf_lock = threading.Lock()  # the server encodes in worker threads
         self._pieces: dict[int, bytes] = {}
 
     @classmethod
@@ -203,9 +205,10 @@ class Tokenizer:
 
     @property
     def _hf(self) -> _HFTokenizer:
-        if self._hf_tok is None:
-            self._hf_tok, self._merges = self._build_hf(self._merges or ()), None
-        return self._hf_tok
+        with self._hf_lock:
+            if self._hf_tok is None:
+                self._hf_tok, self._merges = self._build_hf(self._merges or ()), None
+            return self._hf_tok
 
     def _build_hf(self, merges: Sequence[str]) -> _HFTokenizer:
         vocab = {t: i for i, t in enumerate(self._tokens)}

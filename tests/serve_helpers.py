@@ -72,6 +72,16 @@ def get_json(url: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def post_raw(url: str, data: bytes, timeout: float = 30) -> tuple[int, dict]:
+    """POST ``data`` as a JSON body as it is (malformed, oversized); the status and the JSON reply."""
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def metric(text: str, name: str) -> float:
     """The value of an unlabelled sample in Prometheus text format."""
     for line in text.splitlines():

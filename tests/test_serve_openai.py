@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -11,7 +14,7 @@ from minfer_core.chat_template import CHATML_TEMPLATE, render_chat  # noqa: E402
 from minfer_core.engine import Engine  # noqa: E402
 from minfer_core.sampling import SamplerConfig  # noqa: E402
 
-from serve_helpers import get_json, live_server, load_engine, tiny_model  # noqa: E402
+from serve_helpers import get_json, live_server, load_engine, post_raw, tiny_model  # noqa: E402
 
 N_CTX = 256
 NO_EOS = {"ignore_eos": True}
@@ -144,6 +147,55 @@ def test_errors(client, server):
         client.embeddings.create(model="tiny", input="x")
     status, health = get_json(server[0] + "/health")
     assert status == 200 and health["status"] == "ok"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("seed", 1 << 64), ("seed", -2), ("seed", 1.5),  # a seed torch cannot take was a 500
+    ("max_tokens", True), ("max_tokens", "3"), ("stream", "yes"), ("ignore_eos", 1), ("prompt", [True, 2]),
+])
+def test_field_types_and_ranges(server, field, value):
+    """JSON's own integers and booleans only, and seeds in range: each else is a 400 naming the field."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 1, field: value}
+    status, reply = post_raw(server[0] + "/v1/completions", json.dumps(body).encode())
+    assert status == 400 and reply["error"]["param"] == field, reply
+
+
+def test_hostile_bodies(server):
+    """Nesting that overflows the JSON parser's recursion is a 400 (it was a 500), a body over the
+    context's budget a 413 before it is parsed or tokenized; the server answers /health after."""
+    base = server[0]
+    status, reply = post_raw(base + "/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert status == 400 and "nested too deeply" in reply["error"]["message"]
+    huge = json.dumps({"model": "tiny", "prompt": "x" * (2 << 20), "max_tokens": 1}).encode()
+    status, reply = post_raw(base + "/v1/completions", huge)
+    assert status == 413 and reply["error"]["code"] == "request_too_large"
+    assert get_json(base + "/health")[0] == 200
+
+
+def test_health_answers_while_a_prompt_is_tokenized(model):
+    """Tokenizing runs off the event loop: a request stuck in the tokenizer holds nothing else up."""
+    with live_server(load_engine(model, n_ctx=N_CTX, parallel=1, max_queue=2)) as (base, app):
+        tok, entered, release = app.state.runner.engine.tok, threading.Event(), threading.Event()
+        encode = tok.encode
+
+        def slow_encode(*a, **kw):
+            entered.set()
+            release.wait(30)
+            return encode(*a, **kw)
+
+        tok.encode = slow_encode
+        done = []
+        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 1}).encode()
+        t = threading.Thread(target=lambda: done.append(post_raw(base + "/v1/completions", body)))
+        t.start()
+        try:
+            assert entered.wait(10)
+            assert get_json(base + "/health")[0] == 200  # get_json gives up after 10 s
+            assert not done
+        finally:
+            release.set()
+            t.join(30)
+        assert done and done[0][0] == 200
 
 
 def test_chat_without_template(model):

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2.exceptions import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..chat_template import render_chat
@@ -29,6 +30,9 @@ from .runner import EngineRunner, Event, QueueFull, Request, Stream, UserError
 
 log = logging.getLogger("minfer.serve")
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
+#: The largest request body: BODY_BASE bytes plus BODY_PER_TOKEN a token of context (a prompt that
+#: fills the context as text, JSON-escaped, or as token ids, stays well under it). Larger: a 413.
+BODY_BASE, BODY_PER_TOKEN = 1 << 20, 256
 
 
 def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = None) -> FastAPI:
@@ -85,12 +89,14 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "minfer",
                                             "max_model_len": runner.engine.n_ctx}]}
 
+    body_limit = BODY_BASE + BODY_PER_TOKEN * runner.engine.n_ctx
+
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        body = await parse_body(http, P.CompletionRequest)
+        body = await parse_body(http, P.CompletionRequest, body_limit)
         prompt = body.prompt_value()
-        if isinstance(prompt, str):
-            ids = tok.encode(prompt, add_special=True, parse_special=True)
+        if isinstance(prompt, str):  # off the event loop: /health and the streams keep answering
+            ids = await run_in_threadpool(tok.encode, prompt, add_special=True, parse_special=True)
         else:
             bad = [i for i in prompt if not 0 <= i < tok.vocab_size]
             if bad:
@@ -99,12 +105,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         return await generate(http, body, ids, max_tokens, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: HTTPRequest):
-        body = await parse_body(http, P.ChatCompletionRequest)
-        if not chat_template:
-            raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
-                                  "use /v1/completions", param="messages")
+    def chat_ids(body: P.ChatCompletionRequest) -> list[int]:
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
         try:
@@ -115,6 +116,15 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         ids = tok.encode(text, add_special=False, parse_special=True)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id] + ids
+        return ids
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest):
+        body = await parse_body(http, P.ChatCompletionRequest, body_limit)
+        if not chat_template:
+            raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
+                                  "use /v1/completions", param="messages")
+        ids = await run_in_threadpool(chat_ids, body)  # off the event loop, as for completions
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(http, body, ids, -1 if limit is None else limit, chat=True)
 
@@ -216,12 +226,32 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def parse_body(http: HTTPRequest, model: type[BaseModel]):
-    raw = await http.body()
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes."""
+    def too_large(n: int | str) -> P.APIError:
+        return P.APIError(413, f"the request body is {n} bytes; this server takes at most {limit:,}",
+                          code="request_too_large")
+
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(f"{int(declared):,}")
+    chunks, size = [], 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"over {limit:,}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
+    raw = await read_body(http, limit)
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise P.APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise P.APIError(400, "the request body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise P.APIError(400, "the request body must be a JSON object")
     try:
@@ -231,10 +261,18 @@ async def parse_body(http: HTTPRequest, model: type[BaseModel]):
 
 
 def validation_error(errors) -> P.APIError:
-    """pydantic's first error as a 400 naming the field."""
-    err = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-    msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")
+    """pydantic's first error as a 400 naming the field; a field that fits none of its union's
+    types (every error under it) is named itself, with what each type said."""
+    errors = list(errors) or [{"loc": (), "msg": "invalid request"}]
+    locs = [[str(x) for x in e.get("loc", ()) if x != "body"] for e in errors]
+    loc = locs[0]
+    for other in locs[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(loc, other)) if a != b), min(len(loc), len(other)))
+        loc = loc[:n]
+    if not loc:  # errors in unrelated fields: the first one
+        loc = locs[0]
+    msgs = [str(e.get("msg", "invalid request")).removeprefix("Value error, ") for e in errors]
+    msg = msgs[0] if loc == locs[0] else "; ".join(dict.fromkeys(msgs))
     param = ".".join(loc) if loc else (msg.split(":", 1)[0] if ":" in msg and " " not in msg.split(":", 1)[0]
                                        else None)
     return P.APIError(400, f"{param}: {msg}" if loc else msg, param=param)

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from ..sampling import SamplerConfig
 
@@ -34,32 +34,34 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI does
+    # unknown fields are ignored, as OpenAI does; integers and booleans must be JSON's own (no
+    # true for 1, no "3" for 3, no "yes" for true)
+    model_config = ConfigDict(extra="allow")
 
     model: str = ""
-    max_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[StrictInt] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    n: int = 1
-    stream: bool = False
+    n: StrictInt = 1
+    stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = None
+    seed: Optional[StrictInt] = Field(None, ge=-1, lt=1 << 64)  # -1: a random seed
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
     # extensions
-    top_k: int = Field(0, ge=0)
+    top_k: StrictInt = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     repeat_penalty: float = Field(1.0, gt=0.0)
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
 
     @model_validator(mode="after")
     def _supported(self):
@@ -88,10 +90,10 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    echo: bool = False
-    logprobs: Optional[int] = None
-    best_of: Optional[int] = None
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
+    echo: StrictBool = False
+    logprobs: Optional[StrictInt] = None
+    best_of: Optional[StrictInt] = None
     suffix: Optional[str] = None
 
     @model_validator(mode="after")
@@ -133,8 +135,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: Optional[bool] = None
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
+    logprobs: Optional[StrictBool] = None
     tools: Optional[list[Any]] = None
     response_format: Optional[dict[str, Any]] = None
 
