@@ -162,13 +162,20 @@ def test_field_types_and_ranges(server, field, value):
 
 def test_hostile_bodies(server):
     """Nesting that overflows the JSON parser's recursion is a 400 (it was a 500), a body over the
-    context's budget a 413 before it is parsed or tokenized; the server answers /health after."""
+    context's budget a 413 before it is parsed or tokenized, a lone surrogate a 400; the server
+    answers /health after."""
     base = server[0]
     status, reply = post_raw(base + "/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     assert status == 400 and "nested too deeply" in reply["error"]["message"]
     huge = json.dumps({"model": "tiny", "prompt": "x" * (2 << 20), "max_tokens": 1}).encode()
     status, reply = post_raw(base + "/v1/completions", huge)
     assert status == 413 and reply["error"]["code"] == "request_too_large"
+    # half a UTF-16 pair, escaped: the tokenizer raised on it (a 500), as did echoing it back
+    for path, body in [("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 1}'),
+                       ("/v1/completions", b'{"prompt": "a", "max_tokens": 1, "stop": ["\\udfff"]}'),
+                       ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}')]:
+        status, reply = post_raw(base + path, body)
+        assert status == 400 and "surrogate" in reply["error"]["message"], (body, reply)
     assert get_json(base + "/health")[0] == 200
 
 
