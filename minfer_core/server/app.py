@@ -33,6 +33,10 @@ DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its cli
 #: The largest request body: BODY_BASE bytes plus BODY_PER_TOKEN a token of context (a prompt that
 #: fills the context as text, JSON-escaped, or as token ids, stays well under it). Larger: a 413.
 BODY_BASE, BODY_PER_TOKEN = 1 << 20, 256
+#: Prompts of up to INLINE_CHARS characters are tokenized on the event loop (microseconds); longer
+#: ones in a worker thread, so that they hold up no other request nor /health.
+INLINE_CHARS = 1 << 14
+DRAIN_BYTES = 64 << 20  # the most of a refused body read (and dropped) before the connection closes
 
 
 def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = None) -> FastAPI:
@@ -95,8 +99,8 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     async def completions(http: HTTPRequest):
         body = await parse_body(http, P.CompletionRequest, body_limit)
         prompt = body.prompt_value()
-        if isinstance(prompt, str):  # off the event loop: /health and the streams keep answering
-            ids = await run_in_threadpool(tok.encode, prompt, add_special=True, parse_special=True)
+        if isinstance(prompt, str):
+            ids = await off_loop(len(prompt), tok.encode, prompt, add_special=True, parse_special=True)
         else:
             bad = [i for i in prompt if not 0 <= i < tok.vocab_size]
             if bad:
@@ -124,7 +128,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         if not chat_template:
             raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
                                   "use /v1/completions", param="messages")
-        ids = await run_in_threadpool(chat_ids, body)  # off the event loop, as for completions
+        ids = await off_loop(sum(len(m.text()) for m in body.messages), chat_ids, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(http, body, ids, -1 if limit is None else limit, chat=True)
 
@@ -226,21 +230,30 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def read_body(http: HTTPRequest, limit: int) -> bytes:
-    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes."""
-    def too_large(n: int | str) -> P.APIError:
-        return P.APIError(413, f"the request body is {n} bytes; this server takes at most {limit:,}",
-                          code="request_too_large")
+async def off_loop(size: int, fn, *args, **kw):
+    """``fn(*args, **kw)`` for a text of ``size`` characters: in a worker thread when it is long."""
+    return fn(*args, **kw) if size <= INLINE_CHARS else await run_in_threadpool(fn, *args, **kw)
 
+
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    """The request body, or a 413 once it is known to exceed ``limit`` bytes. The rest of such a
+    body is read and dropped (up to DRAIN_BYTES), so that a client sending it whole before it reads
+    the reply gets the 413 rather than a reset connection."""
     declared = http.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(f"{int(declared):,}")
+    over = declared.isdigit() and int(declared) > limit
     chunks, size = [], 0
-    async for chunk in http.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(f"over {limit:,}")
-        chunks.append(chunk)
+    if not (over and int(declared) > DRAIN_BYTES):
+        async for chunk in http.stream():
+            size += len(chunk)
+            over = over or size > limit
+            if over and size > DRAIN_BYTES:
+                break
+            if not over:
+                chunks.append(chunk)
+    if over:
+        n = f"{int(declared):,}" if declared.isdigit() else f"over {limit:,}"
+        raise P.APIError(413, f"the request body is {n} bytes; this server takes at most {limit:,}",
+                         code="request_too_large")
     return b"".join(chunks)
 
 
