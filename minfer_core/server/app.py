@@ -267,6 +267,8 @@ async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
         raise P.APIError(400, "the request body is not valid JSON: nested too deeply") from None
     try:  # JSON may escape half a UTF-16 pair (\ud800), which is no character to tokenize or echo
         json.dumps(obj, ensure_ascii=False).encode()
+    except RecursionError:
+        raise P.APIError(400, "the request body is not valid JSON: nested too deeply") from None
     except UnicodeEncodeError:
         raise P.APIError(400, "the request body is not valid JSON: a string holds a lone UTF-16 surrogate "
                               "(\\ud800-\\udfff)") from None
