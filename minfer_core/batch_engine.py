@@ -426,7 +426,7 @@ class BatchEngine:
         if greedy:
             sel = logits if len(greedy) == len(seqs) else logits[greedy]
             picked = self._greedy_tokens([seqs[i] for i in greedy], sel)
-        on_dev = [i for i in other if self.device_sampling and seqs[i].data.device_draw]
+        on_dev = [i for i in other if seqs[i].data.device_draw] if self.device_sampling else []
         if on_dev:
             lives = [seqs[i].data for i in on_dev]
             drawn = sample_rows(logits[on_dev], [lv.req.sampling for lv in lives],

@@ -63,11 +63,12 @@ def _tile(x: torch.Tensor, cfgs: list[SamplerConfig], keys: list[int]) -> tuple[
     wc = torch.exp(vals - m[:, None])
     rank = torch.arange(c, device=dev)
     k_eff = torch.where((k > 0) & (k <= c), k, c)
-    in_k = (rank[None, :] < k_eff[:, None]).float()
-    total = torch.where((k > 0) & (k <= c), (wc * in_k).sum(1), w.sum(1))  # what top-k left
+    in_k = rank[None, :] < k_eff[:, None]
+    wk = wc * in_k  # the candidates' weights, zero past top-k
+    total = torch.where((k > 0) & (k <= c), wk.sum(1), w.sum(1))  # what top-k left
     mass = top_p * total
-    before = torch.cumsum(wc * in_k, 1) - wc * in_k
-    kept = ((before < mass[:, None]) & (in_k > 0)).sum(1)  # top-k and top-p: a prefix of the best
+    before = torch.cumsum(wk, 1) - wk
+    kept = ((before < mass[:, None]) & in_k).sum(1)  # top-k and top-p: a prefix of the best
     cut = (top_p < 1.0) | ((k > 0) & (k <= c))
     floor = torch.where(cut, vals.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0], float("-inf"))
     keep = (x >= floor[:, None]) & (w >= min_p[:, None])  # min-p: p >= min_p * p_max

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from ..errors import UserError
+from ..matmuls import PREFILL_ROWS
 from . import values
 from .common import log
 
@@ -145,8 +146,8 @@ def _run_batched(args, tests) -> int:
     tgs = [n for k, n in tests if k == "tg"] or [0]
     if not batches or 0 in pps or 0 in tgs:
         raise UserError("--batch needs batch sizes and both -p and -n")
-    if args.prompt_tile is not None and args.prompt_tile < 16:
-        raise UserError(f"--prompt-tile {args.prompt_tile}: a prompt tile holds at least 16 rows")
+    if args.prompt_tile is not None and args.prompt_tile < PREFILL_ROWS:
+        raise UserError(f"--prompt-tile {args.prompt_tile}: a prompt tile holds at least {PREFILL_ROWS} rows")
     path = resolve_model(args.model)
     n_ctx = max(pps) + max(tgs) + 16
     results = []
