@@ -40,9 +40,11 @@ from .matmuls import BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
-#: Engines serving at most this many sequences at once use the plan's row-invariant kernels (which
-#: beat 64-row tiles at up to 32 rows and lose to them at 64; bench_batch_gemm.py in benchmarks/).
-ROWS_MAX_PARALLEL = 32
+#: Engines serving at most this many sequences at once use the plan's row-invariant kernels. The
+#: 7B's q4_K rows GEMM beats the 16-row fused tiles at 8 rows (gate|up 48.8 vs 73.2 us) but loses at
+#: 32 rows to one 64-row tile since that tile loads its scales ahead (gate|up 119.7 vs 90.0, down
+#: 72.3 vs 58.5; bench_batch_gemm.py and prefill/gemm_planes.py's fused GEMM).
+ROWS_MAX_PARALLEL = 16
 #: Row tiles on a GPU by engine size: (at most this many sequences, tile rows); they carry the rows at
 #: generated positions (prompt rows take GPU_PROMPT_TILE). H200, 7B, each pair in one call: B=8 S_TG
 #: 1,453 with 16-row tiles vs 1,279 with 64; B=32 3,381 with 32 vs 3,309 with 64 (not taken then for

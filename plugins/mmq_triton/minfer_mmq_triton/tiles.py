@@ -70,6 +70,11 @@ FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
 FUSED_GEMM_TILES = ((16, (16, 32, 4, 3)), (32, (32, 32, 4, 3)), (64, (64, 64, 4, 3)), (128, (128, 64, 4, 3)),
                     (None, (128, 128, 8, 3)))
 FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
+#: The fused GEMM loads the next span's q4_K scales a step ahead from FUSED_AHEAD_ROWS-row tiles
+#: (H200, 7B q4_K shapes, us a call, off -> on: gate|up 243.0 -> 126.3 at 32 rows, 102.6 -> 90.0 at
+#: 64, 145.3 -> 132.1 at 128; qkv 63.2 -> 33.3 at 32; at 16 rows it loses, gate|up 73.2 -> 84.4).
+#: Loading q6_K's fields ahead lost at every shape (output head 713 -> 858 at 128 rows).
+FUSED_AHEAD_ROWS = 32
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
@@ -100,6 +105,11 @@ def fused_split(n: int, spans: int, bn: int) -> int:
            and spans // (split * 2) >= FUSED_MIN_SPANS):
         split *= 2
     return split
+
+
+def fused_ahead(block_m: int) -> bool:
+    """Whether the fused plane GEMM at ``BLOCK_M = block_m`` loads a q4_K span's scales a step early."""
+    return block_m >= FUSED_AHEAD_ROWS
 
 
 def fused_gemm_tile(m: int, qtype: QT) -> tuple[int, int, int, int]:

@@ -91,7 +91,8 @@ def test_plane_family_both_designs(qt, m, monkeypatch, make_ctx):
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
 def test_fused_split_k(qt):
     """Split-K of the fused GEMM: every split agrees with the oracle (bias added once, uneven
-    shares, an empty last split), and a row's bits do not depend on the rows beside it."""
+    shares, empty last splits), a row's bits do not depend on the rows beside it, and loading
+    each q4_K span's scales a step ahead changes no bit."""
     from minfer_mmq_triton import planes
     from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
 
@@ -101,10 +102,12 @@ def test_fused_split_k(qt):
     x = torch.randn(19, k, device=DEV)
     a = x.to(torch.bfloat16)
     for split in (1, 2, 3, 4, 8):
-        y = gemm_fused(a, plane, w.bias, (16, 16, 4, 2, split))
+        y = gemm_fused(a, plane, w.bias, (16, 16, 4, 2, split), ahead=False)
         _check(y, a.float(), w, n)
-        alone = gemm_fused(a[5:6].contiguous(), plane, w.bias, (16, 16, 4, 2, split))
+        alone = gemm_fused(a[5:6].contiguous(), plane, w.bias, (16, 16, 4, 2, split), ahead=False)
         assert torch.equal(alone[0], y[5]), split
+        if qt == QT.Q4_K:
+            assert torch.equal(gemm_fused(a, plane, w.bias, (16, 16, 4, 2, split), ahead=True), y), split
 
 
 def test_jit_matmul_row_chunks(monkeypatch):

@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..q4_k.plane import Q4KPlane
 from ..launch.split import shared_scratch
-from ..tiles import DEQUANT_TILES, fused_gemm_tile, fused_split
+from ..tiles import DEQUANT_TILES, fused_ahead, fused_gemm_tile, fused_split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,49 +43,88 @@ def _small_int(v, offset: tl.constexpr = 0.0):
 
 
 @triton.jit
-def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN: tl.constexpr = 32):
-    """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``.
+def _q4k_scales(sc_ptr, dm_ptr, r, m3, stride_sc, stride_dm, t):
+    """Span ``t``'s scales and mins of rows ``r`` ``[BN, 1, 1]``, as float32 ``[BN, 2, 1]`` (s_lo, m_lo,
+    s_hi, m_hi): low nibbles ``[r, j]`` at sub-block ``4t + j``, high nibbles at ``4t + 2 + j``.
 
-    Tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value
-    ``128t + 64h + 32j + l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin``
-    at block ``t // 2``. Offsets are built by multiplication so the compiler sees 64-byte
-    aligned, contiguous rows (16-byte loads); ``RUN = 8``: contiguous in runs of 8 bytes only, so
-    that a thread's bytes are as many as the values of one 16-byte bf16 store.
+    ``sc_ptr`` / ``dm_ptr`` are the plane's ``sc`` as int16 (``sc | m << 8`` a sub-block) and ``dm``
+    as int32 (``d | dmin << 16`` a block): three loads a span instead of six.
     """
     j = tl.arange(0, 2)[None, :, None]
-    i = tl.arange(0, 32)
-    l = ((i // RUN) * RUN + i % RUN)[None, None, :]
-    r = rn[:, None, None]
-    m3 = mask_n[:, None, None]
-    b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
-    sub = sc_ptr + r * stride_sc + (t * 4 + j) * 2
-    dmp = dm_ptr + r * stride_dm + (t // 2) * 2
-    d = tl.load(dmp, mask=m3, other=0.0).to(tl.float32)
-    dmin = tl.load(dmp + 1, mask=m3, other=0.0).to(tl.float32)
-    s0 = d * tl.load(sub, mask=m3, other=0).to(tl.float32)
-    m0 = dmin * tl.load(sub + 1, mask=m3, other=0).to(tl.float32)
-    s1 = d * tl.load(sub + 4, mask=m3, other=0).to(tl.float32)
-    m1 = dmin * tl.load(sub + 5, mask=m3, other=0).to(tl.float32)
-    w_lo = _small_int(b & 0xF) * s0 - m0
-    w_hi = _small_int(b >> 4) * s1 - m1
-    return w_lo, w_hi
+    dmw = tl.load(dm_ptr + r * stride_dm + t // 2, mask=m3, other=0)
+    d = (dmw & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (dmw >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    lo = tl.load(sc_ptr + r * stride_sc + t * 4 + j, mask=m3, other=0).to(tl.int32)
+    hi = tl.load(sc_ptr + r * stride_sc + t * 4 + 2 + j, mask=m3, other=0).to(tl.int32)
+    return d * _small_int(lo & 0xFF), dmin * _small_int(lo >> 8), d * _small_int(hi & 0xFF), dmin * _small_int(hi >> 8)
 
 
 @triton.jit
-def _q6k_run(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc, t,
-             F: tl.constexpr):
-    """Values ``256t + 64F .. 256t + 64F + 63`` of rows ``rn`` as float32 ``[BN, 4, 16]``.
+def _q4k_nibbles(qs_ptr, r, m3, stride_qs, t, RUN: tl.constexpr = 32):
+    """Span ``t``'s bytes of rows ``r`` as int32 ``[BN, 2, 32]``: element ``[r, j, l]`` holds values
+    ``128t + 32j + l`` (low nibble) and ``128t + 64 + 32j + l`` (high). Offsets are built by
+    multiplication so the compiler sees 64-byte aligned, contiguous rows (16-byte loads); ``RUN =
+    8``: contiguous in runs of 8 bytes only, so that a thread's bytes are as many as the values of
+    one 16-byte bf16 store."""
+    j = tl.arange(0, 2)[None, :, None]
+    i = tl.arange(0, 32)
+    l = ((i // RUN) * RUN + i % RUN)[None, None, :]
+    return tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
 
-    Element ``[r, j, l]`` is value ``256t + 64F + 16j + l``; its scale is ``sc[16t + 4F + j]``.
-    """
-    j = tl.arange(0, 4)[None, :, None]
-    l = tl.arange(0, 16)[None, None, :]
+
+@triton.jit
+def _q4k_values(b, scales):
+    """Nibbles ``b`` (:func:`_q4k_nibbles`) and their span's ``scales`` (:func:`_q4k_scales`) -> two
+    float32 tiles ``[BN, 2, 32]`` (low, high nibbles): ``w = (d sc) q - (dmin m)``."""
+    s0, m0, s1, m1 = scales
+    return _small_int(b & 0xF) * s0 - m0, _small_int(b >> 4) * s1 - m1
+
+
+@triton.jit
+def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN: tl.constexpr = 32):
+    """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``:
+    tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value ``128t + 64h + 32j +
+    l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin`` at block ``t // 2``."""
     r = rn[:, None, None]
     m3 = mask_n[:, None, None]
-    off = j * 16 + l
-    lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0).to(tl.int32)
+    b = _q4k_nibbles(qs_ptr, r, m3, stride_qs, t, RUN)
+    return _q4k_values(b, _q4k_scales(sc_ptr, dm_ptr, r, m3, stride_sc, stride_dm, t))
+
+
+@triton.jit
+def _q6k_fields(ql_ptr, qh_ptr, sc_ptr, r, m3, stride_ql, stride_qh, stride_sc, t):
+    """Span ``t``'s fields of rows ``r``, each byte loaded once: the ``ql`` bytes of runs 0-1 and of
+    runs 2-3 and the ``qh`` bytes (int32 ``[BN, 4, 16]``), and each run's four scales (float32
+    ``[BN, 4, 1]``); :func:`_q6k_values` decodes run ``F`` from them."""
+    j = tl.arange(0, 4)[None, :, None]
+    off = j * 16 + tl.arange(0, 16)[None, None, :]
+    lo01 = tl.load(ql_ptr + r * stride_ql + t * 128 + off, mask=m3, other=0).to(tl.int32)
+    lo23 = tl.load(ql_ptr + r * stride_ql + t * 128 + 64 + off, mask=m3, other=0).to(tl.int32)
     hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
-    sc = tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + j, mask=m3, other=0.0).to(tl.float32)
+    sc = sc_ptr + r * stride_sc + t * 16 + j
+    return (lo01, lo23, hi, tl.load(sc, mask=m3, other=0.0).to(tl.float32),
+            tl.load(sc + 4, mask=m3, other=0.0).to(tl.float32), tl.load(sc + 8, mask=m3, other=0.0).to(tl.float32),
+            tl.load(sc + 12, mask=m3, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _q6k_values(fields, F: tl.constexpr):
+    """Run ``F`` (values ``256t + 64F .. 256t + 64F + 63``) of a span's ``fields``
+    (:func:`_q6k_fields`) as float32 ``[BN, 4, 16]``: element ``[r, j, l]`` is value ``256t + 64F +
+    16j + l``, its scale ``sc[16t + 4F + j]``."""
+    lo01, lo23, hi, sc0, sc1, sc2, sc3 = fields
+    if F < 2:
+        lo = lo01
+    else:
+        lo = lo23
+    if F == 0:
+        sc = sc0
+    elif F == 1:
+        sc = sc1
+    elif F == 2:
+        sc = sc2
+    else:
+        sc = sc3
     q = ((lo >> (4 * (F % 2))) & 0xF) | (((hi >> (2 * F)) & 3) << 4)
     return _small_int(q, 32.0) * sc
 
@@ -144,9 +183,10 @@ def _dequant_q6k_kernel(
     j = tl.arange(0, 4)[None, :, None]
     l = tl.arange(0, 16)[None, None, :]
     dst = out_ptr + rn[:, None, None] * stride_out + t * 256 + j * 16 + l
+    m3 = mask_n[:, None, None]
+    fields = _q6k_fields(ql_ptr, qh_ptr, sc_ptr, rn[:, None, None], m3, stride_ql, stride_qh, stride_sc, t)
     for f in tl.static_range(4):
-        w = _q6k_run(ql_ptr, qh_ptr, sc_ptr, rn, mask_n, stride_ql, stride_qh, stride_sc, t, f)
-        tl.store(dst + 64 * f, w.to(tl.bfloat16), mask=mask_n[:, None, None])
+        tl.store(dst + 64 * f, _q6k_values(fields, f).to(tl.bfloat16), mask=m3)
 
 
 def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None = None,
@@ -159,7 +199,8 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
         bn, spans, warps = config or DEQUANT_TILES["q4_k"]
         if k % (128 * spans):
             spans = 2  # K is a whole number of 256-value blocks
-        qs, sc, dm = plane.qs[r0:r1], plane.sc[r0:r1], plane.dm[r0:r1]
+        qs = plane.qs[r0:r1]
+        sc, dm = _q4k_scale_words(plane.sc[r0:r1], plane.dm[r0:r1])
         grid = (triton.cdiv(n, bn), k // (128 * spans))
         _dequant_q4k_kernel[grid](qs, sc, dm, out, n, qs.stride(0), sc.stride(0), dm.stride(0), out.stride(0),
                                   BLOCK_N=bn, SPANS=spans, num_warps=warps)
@@ -170,6 +211,12 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
         _dequant_q6k_kernel[grid](ql, qh, sc, out, n, ql.stride(0), qh.stride(0), sc.stride(0),
                                   out.stride(0), BLOCK_N=bn, num_warps=warps)
     return out
+
+
+def _q4k_scale_words(sc: torch.Tensor, dm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A q4_K plane's ``sc`` as int16 ``(N, K // 32)`` (``sc | m << 8``) and ``dm`` as int32 ``(N, K //
+    256)`` (``d | dmin << 16``), as :func:`_q4k_scales` reads them."""
+    return sc.reshape(sc.shape[0], -1).view(torch.int16), dm.reshape(dm.shape[0], -1).view(torch.int32)
 
 
 def plane_rows(plane) -> int:
@@ -204,10 +251,13 @@ def _gemm_planes_kernel(
     # meta
     WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
 
-    Each K step covers one span (128 values for q4_K, 256 for q6_K) as 64-wide dots. Grid
+    Each K step covers one span (128 values for q4_K, 256 for q6_K) as 64-wide dots; AHEAD (q4_K):
+    a step loads the next span's scales before decoding its own, so that their latency hides
+    behind a step of arithmetic (the same bits either way). Grid
     (output tiles, SPLIT): split ``s`` sums its share of the spans; with SPLIT > 1 the partial
     tiles meet in ``part`` and the program that arrives last adds them in the order s = 0, 1, ...
     (the same bits whichever finished last; see ``launch.split``).
@@ -233,17 +283,26 @@ def _gemm_planes_kernel(
     per = tl.cdiv(spans, SPLIT)
     lo = s_id * per
     hi = tl.minimum(lo + per, spans)
+    r3 = rn[:, None, None]
+    m3 = mask_n[:, None, None]
     if WTYPE == 0:
+        nxt = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, tl.minimum(lo, spans - 1))
         for t in range(lo, hi):
-            w_lo, w_hi = _q4k_span(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t)
+            b = _q4k_nibbles(p0_ptr, r3, m3, stride_p0, t)
+            if AHEAD:
+                scales = nxt
+                nxt = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, tl.minimum(t + 1, hi - 1))
+            else:
+                scales = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, t)
+            w_lo, w_hi = _q4k_values(b, scales)
             a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
             a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
             acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
             acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32)
     else:
         for t in range(lo, hi):
-            for f in tl.static_range(4):
-                w = _q6k_run(p0_ptr, p1_ptr, p2_ptr, rn, mask_n, stride_p0, stride_p1, stride_p2, t, f)
+            for f in tl.static_range(4):  # run f's loads only (the others' are dead code here)
+                w = _q6k_values(_q6k_fields(p0_ptr, p1_ptr, p2_ptr, r3, m3, stride_p0, stride_p1, stride_p2, t), f)
                 a = tl.load(a_row + t * 256 + 64 * f, mask=mask_m[:, None], other=0.0)
                 acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32)
     mask = mask_m[:, None] & mask_n[None, :]
@@ -275,18 +334,20 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
     return stages
 
 
-def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -> torch.Tensor:
+def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None, ahead: bool | None = None) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
     bucket's tile for the plane's type (``tiles.fused_gemm_tile``) and the split
     ``tiles.fused_split`` picks from the weight's shape alone, so a row's result never depends on
-    how many rows came with it.
+    how many rows came with it. ``ahead`` (q4_K): load each span's scales a step early (default
+    ``tiles.fused_ahead``); it changes no bit of the result.
     """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
     if isinstance(plane, Q4KPlane):
-        p0, p1, p2, wtype = plane.qs, plane.sc, plane.dm, 0
+        p0, wtype = plane.qs, 0
+        p1, p2 = _q4k_scale_words(plane.sc, plane.dm)
     else:
         p0, p1, p2, wtype = plane.ql, plane.qh, plane.sc, 1
     n = p0.shape[0]
@@ -295,6 +356,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
     bm, bn, warps, stages, *rest = config or fused_gemm_tile(m, QT.Q6_K if wtype else QT.Q4_K)
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
+    ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
@@ -305,6 +367,6 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None) -
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, num_warps=warps, num_stages=stages,
     )
     return c
