@@ -73,7 +73,8 @@ FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
 #: The fused GEMM loads the next span's q4_K scales a step ahead from FUSED_AHEAD_ROWS-row tiles
 #: (H200, 7B q4_K shapes, us a call, off -> on: gate|up 243.0 -> 126.3 at 32 rows, 102.6 -> 90.0 at
 #: 64, 145.3 -> 132.1 at 128; qkv 63.2 -> 33.3 at 32; at 16 rows it loses, gate|up 73.2 -> 84.4).
-#: Loading q6_K's fields ahead lost at every shape (output head 713 -> 858 at 128 rows).
+#: q6_K's scales (or whole fields) loaded ahead lost at most shapes (output head at 128 rows 761 ->
+#: 819 us, down at 64 rows 104.5 -> 120.7; won only at 32 rows: down 104.2 -> 93.8), so q6_K never does.
 FUSED_AHEAD_ROWS = 32
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.

@@ -92,27 +92,38 @@ def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_d
 
 
 @triton.jit
-def _q6k_fields(ql_ptr, qh_ptr, sc_ptr, r, m3, stride_ql, stride_qh, stride_sc, t):
-    """Span ``t``'s fields of rows ``r``, each byte loaded once: the ``ql`` bytes of runs 0-1 and of
-    runs 2-3 and the ``qh`` bytes (int32 ``[BN, 4, 16]``), and each run's four scales (float32
-    ``[BN, 4, 1]``); :func:`_q6k_values` decodes run ``F`` from them."""
-    j = tl.arange(0, 4)[None, :, None]
-    off = j * 16 + tl.arange(0, 16)[None, None, :]
-    lo01 = tl.load(ql_ptr + r * stride_ql + t * 128 + off, mask=m3, other=0).to(tl.int32)
-    lo23 = tl.load(ql_ptr + r * stride_ql + t * 128 + 64 + off, mask=m3, other=0).to(tl.int32)
-    hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
-    sc = sc_ptr + r * stride_sc + t * 16 + j
-    return (lo01, lo23, hi, tl.load(sc, mask=m3, other=0.0).to(tl.float32),
-            tl.load(sc + 4, mask=m3, other=0.0).to(tl.float32), tl.load(sc + 8, mask=m3, other=0.0).to(tl.float32),
-            tl.load(sc + 12, mask=m3, other=0.0).to(tl.float32))
+def _q6k_bits(ql_ptr, qh_ptr, r, m3, stride_ql, stride_qh, t):
+    """Span ``t``'s bytes of rows ``r``, each loaded once: ``ql`` of runs 0-1, of runs 2-3, and ``qh``
+    (int32 ``[BN, 4, 16]``); a run's decode (:func:`_q6k_values`) uses two of the three."""
+    off = tl.arange(0, 4)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+    return (tl.load(ql_ptr + r * stride_ql + t * 128 + off, mask=m3, other=0).to(tl.int32),
+            tl.load(ql_ptr + r * stride_ql + t * 128 + 64 + off, mask=m3, other=0).to(tl.int32),
+            tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32))
 
 
 @triton.jit
-def _q6k_values(fields, F: tl.constexpr):
-    """Run ``F`` (values ``256t + 64F .. 256t + 64F + 63``) of a span's ``fields``
-    (:func:`_q6k_fields`) as float32 ``[BN, 4, 16]``: element ``[r, j, l]`` is value ``256t + 64F +
-    16j + l``, its scale ``sc[16t + 4F + j]``."""
-    lo01, lo23, hi, sc0, sc1, sc2, sc3 = fields
+def _q6k_scales(sc_ptr, r, m3, stride_sc, t):
+    """Span ``t``'s scales of rows ``r``: run ``F``'s four as float32 ``[BN, 4, 1]``, F = 0..3."""
+    sc = sc_ptr + r * stride_sc + t * 16 + tl.arange(0, 4)[None, :, None]
+    return (tl.load(sc, mask=m3, other=0.0).to(tl.float32), tl.load(sc + 4, mask=m3, other=0.0).to(tl.float32),
+            tl.load(sc + 8, mask=m3, other=0.0).to(tl.float32), tl.load(sc + 12, mask=m3, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _q6k_decode(lo, hi, sc, F: tl.constexpr):
+    """Run ``F`` of a span as float32 ``[BN, 4, 16]`` from its ``ql`` bytes ``lo`` (those of runs
+    ``2 (F // 2) ..``), its ``qh`` bytes ``hi`` and its scales ``sc`` ``[BN, 4, 1]``: element ``[r, j,
+    l]`` is value ``256t + 64F + 16j + l``, its scale ``sc[16t + 4F + j]``."""
+    q = ((lo >> (4 * (F % 2))) & 0xF) | (((hi >> (2 * F)) & 3) << 4)
+    return _small_int(q, 32.0) * sc
+
+
+@triton.jit
+def _q6k_values(bits, scales, F: tl.constexpr):
+    """Run ``F`` (values ``256t + 64F .. 256t + 64F + 63``) of a span (:func:`_q6k_bits`,
+    :func:`_q6k_scales`) as float32 ``[BN, 4, 16]`` (see :func:`_q6k_decode`)."""
+    lo01, lo23, hi = bits
+    sc0, sc1, sc2, sc3 = scales
     if F < 2:
         lo = lo01
     else:
@@ -125,8 +136,19 @@ def _q6k_values(fields, F: tl.constexpr):
         sc = sc2
     else:
         sc = sc3
-    q = ((lo >> (4 * (F % 2))) & 0xF) | (((hi >> (2 * F)) & 3) << 4)
-    return _small_int(q, 32.0) * sc
+    return _q6k_decode(lo, hi, sc, F)
+
+
+@triton.jit
+def _q6k_run(ql_ptr, qh_ptr, sc_ptr, r, m3, stride_ql, stride_qh, stride_sc, t, F: tl.constexpr):
+    """Run ``F`` of span ``t`` of rows ``r`` from its own loads alone (the fused GEMM's form: as
+    fast as or faster than :func:`_q6k_bits` there, which the expansion prefers)."""
+    off = tl.arange(0, 4)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+    lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0).to(tl.int32)
+    hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
+    sc = tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + tl.arange(0, 4)[None, :, None], mask=m3,
+                 other=0.0).to(tl.float32)
+    return _q6k_decode(lo, hi, sc, F)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,10 +205,12 @@ def _dequant_q6k_kernel(
     j = tl.arange(0, 4)[None, :, None]
     l = tl.arange(0, 16)[None, None, :]
     dst = out_ptr + rn[:, None, None] * stride_out + t * 256 + j * 16 + l
+    r = rn[:, None, None]
     m3 = mask_n[:, None, None]
-    fields = _q6k_fields(ql_ptr, qh_ptr, sc_ptr, rn[:, None, None], m3, stride_ql, stride_qh, stride_sc, t)
+    bits = _q6k_bits(ql_ptr, qh_ptr, r, m3, stride_ql, stride_qh, t)
+    scales = _q6k_scales(sc_ptr, r, m3, stride_sc, t)
     for f in tl.static_range(4):
-        tl.store(dst + 64 * f, _q6k_values(fields, f).to(tl.bfloat16), mask=m3)
+        tl.store(dst + 64 * f, _q6k_values(bits, scales, f).to(tl.bfloat16), mask=m3)
 
 
 def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None = None,
@@ -301,8 +325,8 @@ def _gemm_planes_kernel(
             acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32)
     else:
         for t in range(lo, hi):
-            for f in tl.static_range(4):  # run f's loads only (the others' are dead code here)
-                w = _q6k_values(_q6k_fields(p0_ptr, p1_ptr, p2_ptr, r3, m3, stride_p0, stride_p1, stride_p2, t), f)
+            for f in tl.static_range(4):
+                w = _q6k_run(p0_ptr, p1_ptr, p2_ptr, r3, m3, stride_p0, stride_p1, stride_p2, t, f)
                 a = tl.load(a_row + t * 256 + 64 * f, mask=mask_m[:, None], other=0.0)
                 acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32)
     mask = mask_m[:, None] & mask_n[None, :]
