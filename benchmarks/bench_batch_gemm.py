@@ -3,10 +3,11 @@
 64-row tiles) and, at one row, the single-stream decode GEMV.
 
     python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
-        [--fused BM,BN,W,S ...] [--q6]
+        [--fused BM,BN,W,S ...] [--fused-ahead] [--q6]
 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
-tiles and (above 64 rows) expand + cuBLAS, the prefill route there. ``--q6``: the 7B's q6_K weights
+tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
+its q4_K scales loaded a step ahead and not. ``--q6``: the 7B's q6_K weights
 instead (no rows GEMM or decode GEMV for them here: the fused GEMM and expand + cuBLAS).
 
 Times are GPU times per call: a CUDA graph of as many calls as there are weight copies (each call
@@ -63,6 +64,8 @@ def main() -> None:
                     "(default: the kernel's own choice)")
     ap.add_argument("--fused", nargs="*", default=[], help="BM,BN,W,S tiles of the fused GEMM over all rows")
     ap.add_argument("--q6", action="store_true", help="the q6_K weights (down of half the layers, output head)")
+    ap.add_argument("--fused-ahead", action="store_true",
+                    help="--fused: each tile with its q4_K scales loaded in their step and a step ahead")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
@@ -88,8 +91,9 @@ def main() -> None:
             tiles64 = -(-m // 64)
             row(m, f"fused x{tiles64} (64-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(tiles64)])
             am = torch.randn(m, k, device="cuda").bfloat16()
-            for cfg in fused:
-                row(m, f"fused {cfg} (all rows)", lambda p: gemm_fused(am, p, None, cfg))
+            for cfg, early in itertools.product(fused, (False, True) if args.fused_ahead else (None,)):
+                row(m, f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}"),
+                    lambda p: gemm_fused(am, p, None, cfg, ahead=early))
             if fused and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
