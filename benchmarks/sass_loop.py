@@ -23,6 +23,7 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 
+from minfer_mmq_triton import tiles
 from minfer_mmq_triton.prefill import gemm_planes
 from minfer_mmq_triton.q4_k import gemv as q4k_gemv
 
@@ -66,21 +67,24 @@ def loop_body(sass: str) -> list[str]:
 
 def fused(configs: list[str], q6: bool) -> None:
     """The fused plane GEMM's K-step loop per ``BLOCK_M,BLOCK_N,num_warps`` (q4_K, or q6_K)."""
-    ptrs = {"a_ptr": "*bf16", "p0_ptr": "*u8", "p1_ptr": "*u8", "p2_ptr": "*fp16", "cnt_ptr": "*i32"}
-    if q6:
-        ptrs["p2_ptr"] = "*fp16"
+    # q4_K: qs, sc | m (int16 a sub-block), d | dmin (int32 a block); q6_K: ql, qh, scales (float16)
+    ptrs = {"a_ptr": "*bf16", "p0_ptr": "*u8", "p1_ptr": "*u8" if q6 else "*i16", "p2_ptr": "*fp16" if q6 else "*i32",
+            "cnt_ptr": "*i32"}
     span = 256 if q6 else 128
     for cfg in configs:
         bm, bn, warps = (int(v) for v in cfg.split(","))
-        consts = dict(WTYPE=int(q6), HAS_BIAS=False, DOT_F32=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=1)
-        sizes = dict(M=bm, N=37888, K=3584, stride_am=3584, stride_p0=1792, stride_p1=224, stride_p2=28,
-                     stride_cm=37888)  # the 7B's gate|up at a full row tile: every size a multiple of 16
+        consts = dict(WTYPE=int(q6), HAS_BIAS=False, DOT_F32=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=1,
+                      AHEAD=not q6 and tiles.fused_ahead(bm))
+        # the 7B's gate|up at a full row tile (K = 3584)
+        sizes = dict(M=bm, N=37888, K=3584, stride_am=3584, stride_p0=1792, stride_p1=896 if q6 else 112,
+                     stride_p2=224 if q6 else 14, stride_cm=37888)
         sass, regs = compile_sass(gemm_planes._gemm_planes_kernel, consts, sizes, warps, ptrs)
         body = loop_body(sass)
         weights = bn * span / (warps * 32)  # weights per thread per K step
         print(f"fused {'q6_K' if q6 else 'q4_K'} BLOCK_M={bm} BLOCK_N={bn} warps={warps}: {len(body)} instructions "
               f"per K step ({weights:.0f} weights a thread), {sum('LDG' in x for x in body)} LDG, "
-              f"{sum('MMA' in x for x in body)} MMA, {regs} registers, {len(body) / weights:.1f} instructions per weight")
+              f"{sum('MMA' in x for x in body)} MMA, {regs} registers, {len(body) / weights:.1f} instructions per weight"
+              + (" (scales a step ahead)" if consts["AHEAD"] else ""))
 
 
 def main() -> None:
