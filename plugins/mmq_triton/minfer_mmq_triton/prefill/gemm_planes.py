@@ -141,8 +141,8 @@ def _q6k_values(bits, scales, F: tl.constexpr):
 
 @triton.jit
 def _q6k_run(ql_ptr, qh_ptr, sc_ptr, r, m3, stride_ql, stride_qh, stride_sc, t, F: tl.constexpr):
-    """Run ``F`` of span ``t`` of rows ``r`` from its own loads alone (the fused GEMM's form: as
-    fast as or faster than :func:`_q6k_bits` there, which the expansion prefers)."""
+    """Run ``F`` of span ``t`` of rows ``r`` from its own loads alone: the fused GEMM's form (on the
+    H200 as fast as or faster than a span's bytes loaded once, which the expansion prefers)."""
     off = tl.arange(0, 4)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
     lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0).to(tl.int32)
     hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
@@ -358,7 +358,8 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
     return stages
 
 
-def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None, ahead: bool | None = None) -> torch.Tensor:
+def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
+               ahead: bool | None = None) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
