@@ -41,9 +41,10 @@ from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
 #: Engines serving at most this many sequences at once use the plan's row-invariant kernels. The
-#: 7B's q4_K rows GEMM beats the 16-row fused tiles at 8 rows (gate|up 48.8 vs 73.2 us) but loses at
-#: 32 rows to one 64-row tile since that tile loads its scales ahead (gate|up 119.7 vs 90.0, down
-#: 72.3 vs 58.5; bench_batch_gemm.py and prefill/gemm_planes.py's fused GEMM).
+#: 7B's q4_K rows GEMM beats the 16-row fused tiles at 8 rows (gate|up ~49 us against 73.2) but not
+#: one 64-row tile at 32 rows since that tile loads its scales ahead (gate|up ~120 against 90.0): a
+#: 32-sequence engine decodes 3,954 tok/s over 64-row tiles against 3,717 with the rows GEMM (H200,
+#: one call; benchmarks/README.md).
 ROWS_MAX_PARALLEL = 16
 #: Row tiles on a GPU by engine size: (at most this many sequences, tile rows); they carry the rows at
 #: generated positions (prompt rows take GPU_PROMPT_TILE). H200, 7B, each pair in one call: B=8 S_TG
