@@ -372,7 +372,7 @@ def test_gpu_alone_vs_among_128_others(synth_05b):
 
 @pytest.mark.cuda
 def test_gpu_batched_equals_single_stream_engine(synth_7b):
-    """Among 31 others on the batched kernels (rows GEMM, prompt tiles, paged attention), a request's
+    """Among 31 others on the batched kernels (64-row tiles, prompt tiles, paged attention), a request's
     greedy tokens are what the single-stream engine (whole-prompt prefill, decode kernels) picks when
     fed the same tokens. Not bitwise, the kernels differ: each path's logits are within ~0.03
     relative of the exact ones (test_kernels_e2e's 7B bound), so within 0.1 of each other at every
