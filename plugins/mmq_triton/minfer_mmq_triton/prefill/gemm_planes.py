@@ -47,8 +47,8 @@ def _q4k_scales(sc_ptr, dm_ptr, r, m3, stride_sc, stride_dm, t):
     """Span ``t``'s scales and mins of rows ``r`` ``[BN, 1, 1]``, as float32 ``[BN, 2, 1]`` (s_lo, m_lo,
     s_hi, m_hi): low nibbles ``[r, j]`` at sub-block ``4t + j``, high nibbles at ``4t + 2 + j``.
 
-    ``sc_ptr`` / ``dm_ptr`` are the plane's ``sc`` as int16 (``sc | m << 8`` a sub-block) and ``dm``
-    as int32 (``d | dmin << 16`` a block): three loads a span instead of six.
+    ``sc_ptr`` / ``dm_ptr``: ``Q4KPlane.scale_words`` (``sc | m << 8`` as int16 a sub-block, ``d |
+    dmin << 16`` as int32 a block), three loads a span.
     """
     j = tl.arange(0, 2)[None, :, None]
     dmw = tl.load(dm_ptr + r * stride_dm + t // 2, mask=m3, other=0)
@@ -92,21 +92,33 @@ def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_d
 
 
 @triton.jit
-def _q6k_bits(ql_ptr, qh_ptr, r, m3, stride_ql, stride_qh, t):
-    """Span ``t``'s bytes of rows ``r``, each loaded once: ``ql`` of runs 0-1, of runs 2-3, and ``qh``
-    (int32 ``[BN, 4, 16]``); a run's decode (:func:`_q6k_values`) uses two of the three."""
+def _q6k_bytes(ptr, r, m3, stride, t, SPAN: tl.constexpr, PART: tl.constexpr):
+    """Bytes ``64 PART ..`` of span ``t`` (``SPAN`` bytes a span: ``ql`` 128, ``qh`` 64) in rows ``r``
+    as an int32 ``[BN, 4, 16]`` tile."""
     off = tl.arange(0, 4)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
-    return (tl.load(ql_ptr + r * stride_ql + t * 128 + off, mask=m3, other=0).to(tl.int32),
-            tl.load(ql_ptr + r * stride_ql + t * 128 + 64 + off, mask=m3, other=0).to(tl.int32),
-            tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32))
+    return tl.load(ptr + r * stride + t * SPAN + PART * 64 + off, mask=m3, other=0).to(tl.int32)
+
+
+@triton.jit
+def _q6k_scale(sc_ptr, r, m3, stride_sc, t, F: tl.constexpr):
+    """Run ``F``'s four scales of span ``t`` as float32 ``[BN, 4, 1]``."""
+    return tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + tl.arange(0, 4)[None, :, None], mask=m3,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _q6k_bits(ql_ptr, qh_ptr, r, m3, stride_ql, stride_qh, t):
+    """Span ``t``'s bytes of rows ``r``, each loaded once: ``ql`` of runs 0-1, of runs 2-3, and ``qh``;
+    a run's decode (:func:`_q6k_values`) uses two of the three."""
+    return (_q6k_bytes(ql_ptr, r, m3, stride_ql, t, 128, 0), _q6k_bytes(ql_ptr, r, m3, stride_ql, t, 128, 1),
+            _q6k_bytes(qh_ptr, r, m3, stride_qh, t, 64, 0))
 
 
 @triton.jit
 def _q6k_scales(sc_ptr, r, m3, stride_sc, t):
-    """Span ``t``'s scales of rows ``r``: run ``F``'s four as float32 ``[BN, 4, 1]``, F = 0..3."""
-    sc = sc_ptr + r * stride_sc + t * 16 + tl.arange(0, 4)[None, :, None]
-    return (tl.load(sc, mask=m3, other=0.0).to(tl.float32), tl.load(sc + 4, mask=m3, other=0.0).to(tl.float32),
-            tl.load(sc + 8, mask=m3, other=0.0).to(tl.float32), tl.load(sc + 12, mask=m3, other=0.0).to(tl.float32))
+    """Span ``t``'s scales of rows ``r``, run ``F``'s at ``F`` (:func:`_q6k_scale`)."""
+    return (_q6k_scale(sc_ptr, r, m3, stride_sc, t, 0), _q6k_scale(sc_ptr, r, m3, stride_sc, t, 1),
+            _q6k_scale(sc_ptr, r, m3, stride_sc, t, 2), _q6k_scale(sc_ptr, r, m3, stride_sc, t, 3))
 
 
 @triton.jit
@@ -143,12 +155,9 @@ def _q6k_values(bits, scales, F: tl.constexpr):
 def _q6k_run(ql_ptr, qh_ptr, sc_ptr, r, m3, stride_ql, stride_qh, stride_sc, t, F: tl.constexpr):
     """Run ``F`` of span ``t`` of rows ``r`` from its own loads alone: the fused GEMM's form (on the
     H200 as fast as or faster than a span's bytes loaded once, which the expansion prefers)."""
-    off = tl.arange(0, 4)[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
-    lo = tl.load(ql_ptr + r * stride_ql + t * 128 + (F // 2) * 64 + off, mask=m3, other=0).to(tl.int32)
-    hi = tl.load(qh_ptr + r * stride_qh + t * 64 + off, mask=m3, other=0).to(tl.int32)
-    sc = tl.load(sc_ptr + r * stride_sc + t * 16 + 4 * F + tl.arange(0, 4)[None, :, None], mask=m3,
-                 other=0.0).to(tl.float32)
-    return _q6k_decode(lo, hi, sc, F)
+    lo = _q6k_bytes(ql_ptr, r, m3, stride_ql, t, 128, F // 2)
+    hi = _q6k_bytes(qh_ptr, r, m3, stride_qh, t, 64, 0)
+    return _q6k_decode(lo, hi, _q6k_scale(sc_ptr, r, m3, stride_sc, t, F), F)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,8 +232,8 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
         bn, spans, warps = config or DEQUANT_TILES["q4_k"]
         if k % (128 * spans):
             spans = 2  # K is a whole number of 256-value blocks
-        qs = plane.qs[r0:r1]
-        sc, dm = _q4k_scale_words(plane.sc[r0:r1], plane.dm[r0:r1])
+        sc, dm = plane.scale_words()
+        qs, sc, dm = plane.qs[r0:r1], sc[r0:r1], dm[r0:r1]
         grid = (triton.cdiv(n, bn), k // (128 * spans))
         _dequant_q4k_kernel[grid](qs, sc, dm, out, n, qs.stride(0), sc.stride(0), dm.stride(0), out.stride(0),
                                   BLOCK_N=bn, SPANS=spans, num_warps=warps)
@@ -235,12 +244,6 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
         _dequant_q6k_kernel[grid](ql, qh, sc, out, n, ql.stride(0), qh.stride(0), sc.stride(0),
                                   out.stride(0), BLOCK_N=bn, num_warps=warps)
     return out
-
-
-def _q4k_scale_words(sc: torch.Tensor, dm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A q4_K plane's ``sc`` as int16 ``(N, K // 32)`` (``sc | m << 8``) and ``dm`` as int32 ``(N, K //
-    256)`` (``d | dmin << 16``), as :func:`_q4k_scales` reads them."""
-    return sc.reshape(sc.shape[0], -1).view(torch.int16), dm.reshape(dm.shape[0], -1).view(torch.int32)
 
 
 def plane_rows(plane) -> int:
@@ -310,7 +313,8 @@ def _gemm_planes_kernel(
     r3 = rn[:, None, None]
     m3 = mask_n[:, None, None]
     if WTYPE == 0:
-        nxt = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, tl.minimum(lo, spans - 1))
+        if AHEAD:  # a split past the end loads the last span, which it does not use
+            nxt = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, tl.minimum(lo, spans - 1))
         for t in range(lo, hi):
             b = _q4k_nibbles(p0_ptr, r3, m3, stride_p0, t)
             if AHEAD:
@@ -371,8 +375,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
     if isinstance(plane, Q4KPlane):
-        p0, wtype = plane.qs, 0
-        p1, p2 = _q4k_scale_words(plane.sc, plane.dm)
+        (p1, p2), p0, wtype = plane.scale_words(), plane.qs, 0
     else:
         p0, p1, p2, wtype = plane.ql, plane.qh, plane.sc, 1
     n = p0.shape[0]

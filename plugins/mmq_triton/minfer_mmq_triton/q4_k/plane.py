@@ -43,6 +43,12 @@ class Q4KPlane:
         return (self.qs.view(torch.int32), self.sc.view(self.sc.shape[0], -1).view(torch.int32),
                 self.dm.view(torch.int32))
 
+    def scale_words(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sc`` and ``dm`` as the prefill GEMMs read them: int16 ``(N, K / 32)`` (``sc | m << 8`` a
+        sub-block) and int32 ``(N, K / 256)`` (``d | dmin << 16`` a block)."""
+        n = self.sc.shape[0]
+        return self.sc.view(n, -1).view(torch.int16), self.dm.view(n, -1).view(torch.int32)
+
 
 def _k4_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q4_K's 12 packed bytes ``(..., 12)`` -> eight 6-bit scales and mins, uint8 ``(..., 8)``."""
