@@ -1,14 +1,13 @@
-"""The batched step's GEMMs at the 7B's shapes (one device call): the tensor-core rows GEMM
-(``q4_k.gemm_mma``) against what the batched engine ran before it (the fused plane GEMM over
-64-row tiles) and, at one row, the single-stream decode GEMV.
+"""The batched step's GEMMs at the 7B's shapes (one device call): the tensor-core rows GEMMs
+(``q4_k.gemm_mma``, ``q6_k.gemm_mma``) against the fused plane GEMM over 16- and 64-row tiles (what
+the batched engine runs without them) and, at one row, the single-stream decode GEMV.
 
     python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
         [--fused BM,BN,W,S ...] [--fused-ahead] [--q6]
 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
 tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
-its q4_K scales loaded a step ahead and not. ``--q6``: the 7B's q6_K weights
-instead (no rows GEMM or decode GEMV for them here: the fused GEMM and expand + cuBLAS).
+its q4_K scales loaded a step ahead and not. ``--q6``: the 7B's q6_K weights instead.
 
 Times are GPU times per call: a CUDA graph of as many calls as there are weight copies (each call
 reads the next copy, so that no weight stays in L2), replayed and timed with events (the host's
@@ -28,6 +27,8 @@ from minfer_mmq_triton import decode, planes, tiles
 from minfer_mmq_triton.launch.scratch import jit_matmul
 from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
+from minfer_mmq_triton.q6_k.gemm_mma import gemm_q6_mma
+from minfer_mmq_triton.q6_k.plane import pack_q6k
 from minfer_mmq_triton.synth import random_raw
 
 SHAPES_7B = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944)}
@@ -75,8 +76,12 @@ def main() -> None:
     qt, build = (QT.Q6_K, planes.build_q6k) if args.q6 else (QT.Q4_K, planes.build_q4k)
     for name, (n, k) in (SHAPES_7B_Q6 if args.q6 else SHAPES_7B).items():
         copies = max(2, int(200e6 // (n * k * 0.5625)) + 1)
-        ps = [build(random_raw(qt, n, k, "cuda", seed=i), k) for i in range(copies)]
+        raws = [random_raw(qt, n, k, "cuda", seed=i) for i in range(copies)]
+        ps = [build(r, k) for r in raws]
+        dps = {id(p): pack_q6k(r, k) if args.q6 else p for p, r in zip(ps, raws)}  # the decode (and rows) plane
+        del raws
         nbytes = ps[0].nbytes()
+        gemm_rows = gemm_q6_mma if args.q6 else gemm_q4p_mma
 
         def row(m, label, fn):
             us = graph_us([lambda p=p: fn(p) for p in ps])
@@ -84,12 +89,14 @@ def main() -> None:
 
         for m in rows:
             x = torch.randn(m, k, device="cuda")
-            for (t, g, w), ah in itertools.product(configs if not args.q6 else (), aheads):
+            for (t, g, w), ah in itertools.product(configs, aheads):
                 row(m, f"rows T{t} G{g} W{w}" + ("" if ah is None else f" ahead {ah}"),
-                    lambda p: gemm_q4p_mma(x, p, None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w), ahead=ah))
-            a = torch.randn(64, k, device="cuda").bfloat16()
-            tiles64 = -(-m // 64)
-            row(m, f"fused x{tiles64} (64-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(tiles64)])
+                    lambda p: gemm_rows(x, dps[id(p)], None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w),
+                                        ahead=ah))
+            for tile in (16, 64) if m <= 16 else (64,):
+                a = torch.randn(tile, k, device="cuda").bfloat16()
+                count = -(-m // tile)
+                row(m, f"fused x{count} ({tile}-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(count)])
             am = torch.randn(m, k, device="cuda").bfloat16()
             for cfg, early in itertools.product(fused, (False, True) if args.fused_ahead else (None,)):
                 row(m, f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}"),
@@ -97,11 +104,11 @@ def main() -> None:
             if fused and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
-            if m == 1 and not args.q6:
-                gemvs = {id(p): decode.make_gemv(QT.Q4_K, p, None, n, k, config=tiles.mma_config(QT.Q4_K, n))
+            if m == 1:
+                gemvs = {id(p): decode.make_gemv(qt, dps[id(p)], None, n, k, config=tiles.mma_config(qt, n))
                          for p in ps}
                 row(m, "decode GEMV (mma)", lambda p: gemvs[id(p)](x))
-        del ps
+        del ps, dps
         torch.cuda.empty_cache()
 
 

@@ -1,11 +1,12 @@
 """The batched step's matmuls (hook ``minfer_batch_matmul_candidates``): kernels over all of a step's
 rows at once whose per-row bits never depend on the row count or on the other rows.
 
-q4_K weights on CUDA (compute capability 8.0+, ``MINFER_DECODE_MMA`` on) run on the tensor-core
-rows GEMM (``q4_k.gemm_mma``, label ``mmq.rows.q4_k``), reading the same q4_K plane as the decode
-GEMV; its tile and split come from the weight's shape alone (``tiles.rows_config``). RMSNorm and
-SwiGLU are applied by its quantizer, the bias and the residual in its epilogue. Other types are
-not offered: the batched step runs them over fixed row tiles.
+q4_K and q6_K weights on CUDA (compute capability 8.0+, ``MINFER_DECODE_MMA`` on) run on the
+tensor-core rows GEMMs (``q4_k.gemm_mma``, ``q6_k.gemm_mma``; labels ``mmq.rows.q4_k``,
+``mmq.rows.q6_k``), reading the same planes as the decode GEMVs; their tile and split come from the
+weight's shape alone (``tiles.rows_config``). RMSNorm and SwiGLU are applied by the quantizer, the
+bias and the residual in the epilogue. Other types are not offered: the batched step runs them over
+fixed row tiles.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ from .decode import mma_enabled, prepare
 from .tiles import rows_config
 
 PLUGIN = "mmq_triton"
-LABEL = "mmq.rows.q4_k"
+LABELS = {QT.Q4_K: "mmq.rows.q4_k", QT.Q6_K: "mmq.rows.q6_k"}
 FUSES = ("residual", "rmsnorm", "swiglu")
 
 
 def batch_candidates(weight: Weight, ctx) -> list[Candidate]:
-    """The rows GEMM for a q4_K weight on a GPU that can run it, else ``[]``."""
-    if weight.qtype != QT.Q4_K or weight.n_in % 256 or not mma_enabled(ctx):
+    """The rows GEMM for a q4_K or q6_K weight on a GPU that can run it, else ``[]``."""
+    label = LABELS.get(weight.qtype)
+    if label is None or weight.n_in % 256 or not mma_enabled(ctx):
         return []
-    if weight.raw is None and planes.KEY_Q4K not in weight.planes and planes.KEY_DECODE not in weight.planes:
-        return [Candidate(PLUGIN, LABEL, _unbuilt, fuses=FUSES, reads_raw=False)]  # planning only
-    from .q4_k.gemm_mma import gemm_q4p_mma  # Gluon: CUDA only
+    if weight.raw is None and not {planes.KEY_Q4K, planes.KEY_DECODE} & weight.planes.keys():
+        return [Candidate(PLUGIN, label, _unbuilt(label), fuses=FUSES, reads_raw=False)]  # planning only
+    if weight.qtype == QT.Q4_K:  # Gluon: CUDA only
+        from .q4_k.gemm_mma import gemm_q4p_mma as gemm
+    else:
+        from .q6_k.gemm_mma import gemm_q6_mma as gemm
 
     plane = prepare(weight)
     t, g, warps, split = rows_config(weight.n_out, weight.n_in)
@@ -43,10 +48,12 @@ def batch_candidates(weight: Weight, ctx) -> list[Candidate]:
             raise ValueError("the rows GEMM applies RMSNorm or SwiGLU to x, not both")
         x = x.float().contiguous()
         res = None if residual is None else residual.float().contiguous()
-        return gemm_q4p_mma(x, plane, weight.bias, t, g, warps, split, res, norm, swiglu)
+        return gemm(x, plane, weight.bias, t, g, warps, split, res, norm, swiglu)
 
-    return [Candidate(PLUGIN, LABEL, fn, fuses=FUSES, reads_raw=False)]
+    return [Candidate(PLUGIN, label, fn, fuses=FUSES, reads_raw=False)]
 
 
-def _unbuilt(x, **kw):
-    raise RuntimeError(f"{LABEL}: planned without weights (minfer gates -m); load the model to run it")
+def _unbuilt(label: str):
+    def fn(x, **kw):
+        raise RuntimeError(f"{label}: planned without weights (minfer gates -m); load the model to run it")
+    return fn

@@ -73,9 +73,9 @@ def declared_gates() -> list[Gate]:
              "reads (mmq.nb.q4_k)", "no q4_K plane; the plane family expands raw blocks, decoding the packed scales "
              "in the kernel (mmq.nb.raw.q4_k)", labels=("mmq.nb.q4_k",), group="plane_builder"),
         Gate("MINFER_DECODE_MMA", True, "q4_K / q6_K int8 decode GEMVs run on tensor cores (CUDA, cc >= 8.0, "
-             "Triton with Gluon), and so do the batched step's q4_K matmuls (mmq.rows.q4_k)", "those GEMVs stay "
-             "on the dp4a kernels (the same integer sums, another float summation order); the batched step "
-             "runs q4_K over fixed row tiles", group="decode"),
+             "Triton with Gluon), and so do the batched step's q4_K / q6_K matmuls (mmq.rows.*)", "those GEMVs "
+             "stay on the dp4a kernels (the same integer sums, another float summation order); the batched step "
+             "runs q4_K / q6_K over fixed row tiles", group="decode"),
         Gate("MINFER_PDL", True, "decode kernels launch with programmatic dependent launch (CUDA, cc >= 9.0)",
              "decode kernels launch without PDL (A/B runs, debugging)", group="decode"),
     ]

@@ -28,14 +28,11 @@ Gluon, CUDA only (compute capability 8.0+).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..launch.mma import ax, prefetch_l2
-from ..ops.quant_x import quantize_x
-from ..tiles import ROWS_AHEAD
+from ..launch.rows import rows_gemm
 from .plane import Q4KPlane
 
 
@@ -167,50 +164,9 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
         gl.store(y_ptr + s_id * M * N + out, acc, mask=mask)
 
 
-@triton.jit
-def _reduce_splits_kernel(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-    """``y = sum_s part[s] (s = 0, 1, ... in order) + bias + residual`` over (M, N)."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < M * N
-    y = tl.load(part_ptr + i, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT):
-        y += tl.load(part_ptr + s * M * N + i, mask=mask, other=0.0)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + i % N, mask=mask, other=0.0)
-    if HAS_RES:
-        y += tl.load(res_ptr + i, mask=mask, other=0.0)
-    tl.store(y_ptr + i, y, mask=mask)
-
-
 def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int, num_warps: int, split: int,
                  residual=None, norm=None, swiglu: bool = False, ahead: int | None = None) -> torch.Tensor:
-    """``x`` float32 ``(M, K)`` (``(M, 2K)`` ``[g | u]`` with ``swiglu``) -> float32 ``(M, N)``
-    ``= [residual +] f(x) @ W.T + bias``, ``f`` the optional RMSNorm (``norm=(w, eps)``) or SwiGLU
-    applied by the quantizer. ``groups``: at most this many 8-row groups a program; ``ahead``: blocks
-    between a block's L2 prefetch and its loads (0: none; default ``tiles.ROWS_AHEAD`` when one
-    program covers all the rows, else none). No choice here changes a row's bits."""
+    """``launch.rows.rows_gemm`` over a q4_K plane."""
     n, half_k = plane.qs.shape
-    nt = half_k // 64
-    m = x.shape[0]
-    groups = min(groups, triton.next_power_of_2(triton.cdiv(m, 8)))
-    if ahead is None:
-        ahead = ROWS_AHEAD if m <= 8 * groups else 0
-    xq, xs, xsum = quantize_x(x, norm, swiglu, rows=True, pad=max(16, 8 * groups))
-    qw32, sc32, dm32 = plane.words()
-    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
-    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    if residual is not None:
-        assert residual.shape == y.shape and residual.is_contiguous()
-    b = bias if bias is not None else y
-    r = residual if residual is not None else y
-    grid = (triton.cdiv(m, 8 * groups), triton.cdiv(n, 16 * tiles * num_warps), split)
-    _gemm_q4p_mma_kernel[grid](xq, xs, xsum, qw32, sc32, dm32, b, r, out, m, xs.shape[1], n, nt,
-                               HAS_BIAS=bias is not None, HAS_RES=residual is not None, T=tiles, G=groups,
-                               SPLIT=split, AHEAD=ahead, num_warps=num_warps)
-    if split > 1:
-        block = 1024
-        _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, b, r, y, m, n, SPLIT=split,
-                                                             HAS_BIAS=bias is not None,
-                                                             HAS_RES=residual is not None, BLOCK=block)
-    return y
+    return rows_gemm(_gemm_q4p_mma_kernel, plane.words(), n, half_k // 64, x, bias, tiles, groups, num_warps,
+                     split, residual, norm, swiglu, ahead)
