@@ -90,6 +90,7 @@ class Request:
     ignore_eos: bool = False
     on_event: Optional[Callable[[Event], None]] = None  # called from the engine thread
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    sampler: Optional[Sampler] = None  # a sampler to continue (a chat's, across turns); default: a new one
 
 
 class _Live:
@@ -97,7 +98,7 @@ class _Live:
 
     def __init__(self, req: Request, tok):
         self.req = req
-        self.sampler = Sampler(req.sampling)
+        self.sampler = req.sampler or Sampler(req.sampling)
         self.greedy = req.sampling.greedy and req.sampling.repeat_penalty == 1.0  # plain argmax
         # sampled, no penalty: drawable on the device (device_sampler)
         self.device_draw = not req.sampling.greedy and req.sampling.repeat_penalty == 1.0
@@ -126,11 +127,18 @@ class BatchEngine:
     def __init__(self, engine: Engine, *, parallel: int, max_queue: int, n_blocks: int, block_size: int = 16,
                  segment: int = 64, step_tokens: int = 512, row_tile: Optional[int] = None,
                  graphs: Optional[bool] = None, rows: Optional[bool] = None, overlap: bool = True,
-                 prompt_tile: Optional[int] = None, device_sampling: Optional[bool] = None):
+                 prompt_tile: Optional[int] = None, device_sampling: Optional[bool] = None, solo: bool = False):
+        if solo and parallel != 1:
+            raise ValueError("a solo engine runs one sequence at a time (parallel=1)")
         self.engine, self.model = engine, engine.model
+        # one sequence at a time on the single-stream passes while its blocks are 0, 1, 2, ... (the
+        # CLI's engine): the bits and speed of Engine.generate; every full block of a finished
+        # sequence stays findable, so a chat's next turn reuses what the last one computed
+        self.solo = solo
         self.overlap = overlap  # launch the next greedy decode-only step before reading this one back
         # sampled requests without a repeat penalty drawn on the device (default: on a GPU)
-        self.device_sampling = device_sampling if device_sampling is not None else self.model.device.type == "cuda"
+        self.device_sampling = (device_sampling if device_sampling is not None
+                                else self.model.device.type == "cuda" and not solo)
         self._flight: Optional[_Flight] = None
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
@@ -160,7 +168,8 @@ class BatchEngine:
             self.batch_step = wrap_step("batch_step", self._decode_step, engine.ctx, engine.pm, engine.plan,
                                         padding=padding)
         self.pool = BlockPool(n_blocks, block_size)
-        self.sched = Scheduler(self.pool, parallel=parallel, segment=segment, step_tokens=step_tokens)
+        self.sched = Scheduler(self.pool, parallel=parallel, segment=block_size if solo else segment,
+                               step_tokens=step_tokens)
         self._lock = threading.Lock()  # guards _incoming, _cancels, _draining and the counters
         self._step_lock = threading.Lock()  # one step at a time
         self._wake = threading.Event()
@@ -378,6 +387,8 @@ class BatchEngine:
     def _run(self, work: list[Work], checked: bool = False) -> None:
         """Run a step's work: launched (overlapped) when it may be, else read back at once.
         ``checked``: step() found every running sequence overlappable (a step is in flight)."""
+        if self.solo and len(work) == 1 and work[0].seq.blocks == list(range(len(work[0].seq.blocks))):
+            return self._run_solo(work[0])
         decode_only = all(w.end - w.start == 1 for w in work)
         try:
             if decode_only and self.overlap and (checked or all(self._overlappable(w.seq) for w in work)):
@@ -402,6 +413,31 @@ class BatchEngine:
             self.sched.advance(w)
         for i, token in zip(sampled, tokens):
             self._accept(work[i].seq, token)
+
+    def _run_solo(self, w: Work) -> None:
+        """A solo engine's step on the single-stream passes: its sequence's rows are the contiguous
+        cache's (blocks 0, 1, 2, ...), so ``Engine.run_prompt`` and the decode step (a plugin's graph
+        of each) read and write them in place."""
+        seq = w.seq
+        try:
+            if w.end - w.start == 1 and w.start >= seq.n_prompt:
+                logits = self.engine.step(*self.engine.inputs(seq.tokens[w.start], w.start))
+            else:
+                logits = self.engine.run_prompt(seq.tokens[w.start:w.end], w.start, self._free_rows(seq))
+            token = self._pick([seq], logits)[0] if w.end == len(seq.tokens) else None
+        except Exception as e:
+            return self._failed([w], e)
+        self.sched.advance(w)
+        if token is not None:
+            self._accept(seq, token)
+
+    def _free_rows(self, seq: Sequence) -> int:
+        """Rows up to which a padded prefill of ``seq`` may write: its blocks and the free, never
+        cached blocks after them."""
+        pool, b = self.pool, len(seq.blocks)
+        while b < pool.n_blocks and pool.refs[b] == 0 and b not in pool.key_of:
+            b += 1
+        return b * self.block_size
 
     def _failed(self, work: list[Work], e: Exception) -> None:
         """The step failed: end its requests (after reading back the step in flight), keep serving
@@ -474,6 +510,8 @@ class BatchEngine:
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", token_ids: Seq[int] = (),
                 error: Optional[str] = None) -> None:
+        if self.solo:
+            self.sched.share(seq, seq.n_computed)
         self.sched.remove(seq)
         self.packer.forget(seq)
         live: _Live = seq.data

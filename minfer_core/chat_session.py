@@ -1,19 +1,23 @@
-"""A multi-turn chat over one engine: the conversation is re-rendered with the model's chat
-template each turn and only the tokens not already in the KV cache are prefilled."""
+"""A multi-turn chat over the CLI's one-sequence engine (:mod:`minfer_core.solo`): the conversation is
+re-rendered with the model's chat template each turn, and the engine's prefix cache keeps what the
+last turn computed, so mostly the new tokens are prefilled."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
 from .chat_template import compile_template, describe_template_error, render_chat
-from .engine import Engine, Generation
+from .batch_engine import BatchEngine
+from .engine import Generation
 from .errors import UserError
 from .sampling import Sampler, SamplerConfig
+from .solo import generate
 
 
 class ChatSession:
-    def __init__(self, engine: Engine, system: str | None = None, sampling: SamplerConfig | None = None):
-        self.engine = engine
+    def __init__(self, be: BatchEngine, system: str | None = None, sampling: SamplerConfig | None = None):
+        self.be, self.engine = be, be.engine
+        engine = self.engine
         template = engine.gf.metadata.get("tokenizer.chat_template")
         if not template:
             raise UserError(f"{engine.path}: the model has no chat template (tokenizer.chat_template)")
@@ -55,7 +59,7 @@ class ChatSession:
         if len(ids) >= self.engine.model.n_ctx:
             self.messages.pop()
             raise UserError(f"conversation is {len(ids)} tokens, context is {self.engine.model.n_ctx}: raise -c")
-        gen = self.engine.generate(ids, n_predict=n_predict, stop=stop, on_text=on_text, sampler=self.sampler)
+        gen = generate(self.be, ids, n_predict=n_predict, stop=stop, on_text=on_text, sampler=self.sampler)
         self.messages.append({"role": "assistant", "content": gen.text})
         return gen
 

@@ -9,6 +9,7 @@ findable (least recently used first out) until an allocation needs its memory.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from typing import Hashable, Optional, Sequence
 
@@ -24,8 +25,9 @@ def block_key(parent: Hashable, tokens: Sequence[int]) -> Hashable:
 class BlockPool:
     """``n_blocks`` blocks of ``block_size`` token rows each, handed out by id.
 
-    ``allocate`` takes a never-cached free block first, then evicts the least recently used cached
-    block. ``free`` drops one reference; at zero a cached block goes to the LRU list, any other back
+    ``allocate`` takes the lowest-numbered never-cached free block first (so a lone sequence holds
+    blocks 0, 1, 2, ...: the contiguous cache, see ``BatchEngine(solo=True)``), then evicts the least
+    recently used cached block. ``free`` drops one reference; at zero a cached block goes to the LRU list, any other back
     to the free list. ``n_free`` counts both (a cached block with no user is reclaimable).
     """
 
@@ -33,7 +35,7 @@ class BlockPool:
         if n_blocks < 1 or block_size < 1:
             raise ValueError("the KV pool needs at least one block of at least one row")
         self.n_blocks, self.block_size = n_blocks, block_size
-        self.free_ids: list[int] = list(range(n_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self.free_ids: list[int] = list(range(n_blocks))  # a heap: the lowest id first
         self.refs = [0] * n_blocks
         self.key_of: dict[int, Hashable] = {}
         self.by_key: dict[Hashable, int] = {}
@@ -51,7 +53,7 @@ class BlockPool:
     def allocate(self) -> Optional[int]:
         """A block with one reference, or None when every block is in use."""
         if self.free_ids:
-            b = self.free_ids.pop()
+            b = heapq.heappop(self.free_ids)
         elif self.lru:
             b, _ = self.lru.popitem(last=False)
             del self.by_key[self.key_of.pop(b)]
@@ -70,7 +72,7 @@ class BlockPool:
                 if b in self.key_of:
                     self.lru[b] = None
                 else:
-                    self.free_ids.append(b)
+                    heapq.heappush(self.free_ids, b)
 
     def lookup(self, key: Hashable) -> Optional[int]:
         """The cached block for ``key`` with one more reference, or None."""

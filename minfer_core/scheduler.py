@@ -163,10 +163,14 @@ class Scheduler:
 
     def advance(self, w: Work) -> None:
         """Record a step's work as computed and share its whole prompt segments."""
-        seq, bs = w.seq, self.pool.block_size
+        seq = w.seq
         seq.n_computed = w.end
-        shareable = min(seq.n_computed, seq.n_prompt // self.segment * self.segment)
-        while (seq.n_registered + 1) * bs <= shareable:
+        self.share(seq, min(seq.n_computed, seq.n_prompt // self.segment * self.segment))
+
+    def share(self, seq: Sequence, upto: int) -> None:
+        """Put the sequence's full blocks of its first ``upto`` (computed) tokens in the prefix cache."""
+        bs = self.pool.block_size
+        while (seq.n_registered + 1) * bs <= upto:
             j = seq.n_registered
             key = block_key(seq.parent_key, seq.tokens[j * bs:(j + 1) * bs])
             self.pool.register(seq.blocks[j], key)

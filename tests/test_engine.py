@@ -1,5 +1,6 @@
 """End to end on the real models, CPU reference backend: agreement with llama.cpp, generation,
-chat KV reuse, sampling reproducibility, stop strings."""
+chat KV reuse, sampling reproducibility, stop strings; the CLI's one-sequence engine
+(``minfer_core.solo``) against ``Engine.generate``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from minfer_core.engine import Engine
 from minfer_core.perplexity import perplexity
 from minfer_core.sampling import Sampler, SamplerConfig
 from minfer_core.chat_session import ChatSession
+from minfer_core.solo import BLOCK, generate, solo_engine
 
 GREEDY = SamplerConfig(temp=0)
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
@@ -70,20 +72,35 @@ def test_incremental_decode_matches_full_forward(smollm):
 
 
 def test_chat_reuses_cache_and_equals_fresh_run(qwen):
-    qwen.reset()
-    chat = ChatSession(qwen, system="You are a terse assistant.", sampling=GREEDY)
+    chat = ChatSession(solo_engine(qwen), system="You are a terse assistant.", sampling=GREEDY)
     chat.send("Name one prime number.", n_predict=16)
-    before = len(qwen.cached)
+    first = qwen.timings.prompt_tokens
     second = chat.send("And one more?", n_predict=16)
-    # only the new turn was prefilled: the first turn's tokens came from the cache
-    assert qwen.last_prefill < 30 and before > 30, (qwen.last_prefill, before)
+    # the first turn's whole blocks came from the cache (the reply's too, as far as they match)
+    assert first > BLOCK and qwen.last_prefill <= qwen.timings.prompt_tokens - first // BLOCK * BLOCK, \
+        (first, qwen.timings.prompt_tokens, qwen.last_prefill)
     # the same conversation from an empty cache gives the same greedy reply
     chat.messages.pop()  # back to the conversation as it stood before the second reply
     fresh_ids = chat.prompt_ids()
-    qwen.reset()
-    fresh = qwen.generate(fresh_ids, 16, GREEDY)
+    fresh = generate(solo_engine(qwen), fresh_ids, 16, GREEDY)
     assert qwen.last_prefill == len(fresh_ids)
     assert fresh.tokens == second.tokens
+
+
+@pytest.mark.parametrize("case", ["greedy", "sampled", "stop", "length0"])
+def test_solo_engine_generates_as_the_single_stream_engine(smollm, case):
+    """The CLI's engine (the batched engine, one sequence, single-stream passes) gives what
+    Engine.generate gives: tokens, text, stop reason."""
+    ids = smollm.tok.encode("1, 2, 3, 4, 5,", add_special=True)
+    sampling = SamplerConfig(temp=1.0, top_k=50, top_p=0.95, min_p=0.0, seed=7) if case == "sampled" else GREEDY
+    kw = dict(n_predict=0 if case == "length0" else 12, sampling=sampling, stop=[" 7"] if case == "stop" else [])
+    smollm.reset()
+    want = smollm.generate(ids, **kw)
+    seen = []
+    got = generate(solo_engine(smollm), ids, on_text=seen.append, **kw)
+    assert (got.tokens, got.text, got.stop_reason) == (want.tokens, want.text, want.stop_reason)
+    assert "".join(seen) == got.text
+    assert case != "stop" or got.stop_reason == "stop"
 
 
 def test_seed_reproduces_sampling(smollm):

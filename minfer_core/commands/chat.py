@@ -15,7 +15,7 @@ ENGINE_OPTIONS = True
 def add_parser(sub):
     p = sub.add_parser("chat", help="multi-turn chat with the model's chat template",
                        description="Chat on stdin/stdout. Each line you type is a user turn; an empty line or EOF "
-                                   "(Ctrl-D) ends. The KV cache is kept between turns: only new tokens are prefilled.")
+                                   "(Ctrl-D) ends. The KV cache is kept between turns: mostly new tokens are prefilled.")
     add_model_args(p)
     p.add_argument("--system", "-sys", type=values.utf8_text, metavar="TEXT", help="system message")
     add_sampling_args(p)
@@ -24,10 +24,11 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..chat_session import ChatSession
+    from ..solo import solo_engine
 
     sampling = sampler_config(args)
     engine = load_engine(args)
-    session = ChatSession(engine, system=args.system, sampling=sampling)
+    session = ChatSession(solo_engine(engine), system=args.system, sampling=sampling)
     interactive = sys.stdin.isatty()
     for turn in itertools.count(1):
         if interactive:

@@ -32,6 +32,8 @@ def read_prompt(args) -> str:
 
 
 def run(args) -> int:
+    from ..solo import generate, solo_engine
+
     prompt = read_prompt(args)
     sampling = sampler_config(args)
     engine = load_engine(args, trace_dispatch=args.trace_dispatch)
@@ -45,8 +47,9 @@ def run(args) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    be = solo_engine(engine)
     emit(prompt)
-    gen = engine.generate(ids, n_predict=args.n_predict, sampling=sampling, stop=args.stop, on_text=emit)
+    gen = generate(be, ids, n_predict=args.n_predict, sampling=sampling, stop=args.stop, on_text=emit)
     sys.stdout.write("\n")
     sys.stdout.flush()
     if args.verbose:
