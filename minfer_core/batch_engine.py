@@ -160,6 +160,7 @@ class BatchEngine:
         self.attn = replace(attn, fn=for_engine(parallel)) if for_engine else attn
         # one block past the pool's: the scratch block that padding entries write and read
         self.model.resize_cache((n_blocks + 1) * block_size)
+        engine.rewrap()  # the single-stream passes' graphs (if any) held the old cache
         self.packer = StepPacker(block_size, scratch=n_blocks, max_blocks=-(-self.n_ctx // block_size))
         # the decode-only step as a plugin wraps it (None: eager; off with graphs=False or -p no:cuda_graphs)
         self.batch_step: Optional[Callable] = None

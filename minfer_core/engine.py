@@ -129,11 +129,12 @@ class StepInputs:
 
 class Engine:
     def __init__(self, path: Path, gf: GGUFFile, cfg: ModelConfig, tok: Tokenizer, model: Transformer,
-                 plan: Plan, step: Callable, ctx, load_s: float, prefill_step: Optional[Callable] = None, pm=None):
+                 plan: Plan, wrap: Callable[[], tuple[Callable, Optional[Callable]]], ctx, load_s: float, pm=None):
         self.path, self.gf, self.cfg, self.tok, self.model = path, gf, cfg, tok, model
-        self.plan, self.step, self.ctx = plan, step, ctx
+        self.plan, self.ctx = plan, ctx
         self.pm = pm  # the plugin manager the plan was built with (the batched engine wraps its step through it)
-        self.prefill_step = prefill_step  # a plugin's wrapper of model.prefill_step, or None
+        self._wrap = wrap
+        self.rewrap()
         self.inputs = StepInputs(model.device)
         self.timings = Timings(load_s=load_s)
         self.cached: list[int] = []  # tokens whose K/V are in the cache, in order
@@ -167,11 +168,19 @@ class Engine:
         kv_dtype = torch.float16 if dev.type == "cuda" or plugin_attn else torch.float32
         rt = Runtime(plan, {w.name: w for w in weights})
         model = Transformer(cfg, params, rt, n_ctx, dev, kv_dtype)
-        step = wrap_decode_step(model.decode_step, ctx, pm, pol, plan, backend)
-        prefill_step = wrap_step("prefill_step", model.prefill_step, ctx, pm, plan)
+
+        def wrap():
+            return (wrap_decode_step(model.decode_step, ctx, pm, pol, plan, backend),
+                    wrap_step("prefill_step", model.prefill_step, ctx, pm, plan))
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return cls(path, gf, cfg, tok, model, plan, step, ctx, time.perf_counter() - t0, prefill_step, pm)
+        return cls(path, gf, cfg, tok, model, plan, wrap, ctx, time.perf_counter() - t0, pm)
+
+    def rewrap(self) -> None:
+        """Fresh plugin wrappers of the decode step (``step``) and of ``model.prefill_step``
+        (``prefill_step``, or None): after the model's cache is replaced, since a wrapper's CUDA graphs
+        hold the old cache's addresses."""
+        self.step, self.prefill_step = self._wrap()
 
     @property
     def n_params(self) -> int:

@@ -401,6 +401,26 @@ def test_gpu_batched_equals_single_stream_engine(synth_7b):
     assert all(int(want[i].argmax()) == tokens[i] for i in clear), (clear, tol)
 
 
+@pytest.mark.cuda
+def test_gpu_solo_engine_is_the_single_stream_engine(synth_7b):
+    """The CLI's engine (``solo``: one sequence on the single-stream passes, its blocks 0, 1, 2, ...)
+    gives Engine.generate's greedy tokens on the GPU (prefill graph, decode graph), and again for a
+    second request that starts from the first one's cached blocks."""
+    from minfer_core.solo import generate, solo_engine
+
+    eng = Engine.load(synth_7b, n_ctx=512, progress=False)
+    ids = eng.tok.encode("The history of computing is long. " * 6, add_special=True)[:64]
+    more = ids + eng.tok.encode(" It began with counting.", add_special=False)
+    want = [eng.generate(ids, 24, GREEDY).tokens, eng.generate(more, 24, GREEDY).tokens]
+    split = eng.last_prefill  # the single stream reused the first prompt's K/V for the second
+    be = solo_engine(eng)  # a new cache (the pool), and new graphs of the single-stream passes
+    first = generate(be, ids, 24, GREEDY)
+    second = generate(be, more, 24, GREEDY)
+    assert eng.last_prefill == split == len(more) - len(ids)  # the solo engine reused the same 64 rows
+    assert [first.tokens, second.tokens] == want
+    assert be.pool.n_free == be.pool.n_blocks
+
+
 @pytest.mark.parametrize("device_sampling", [False, True])
 def test_seeded_sampling_alone_equals_among_greedy_and_penalized_others(engine, device_sampling, monkeypatch):
     # One step samples greedy rows (one argmax), a repeat-penalized greedy row and seeded sampled
