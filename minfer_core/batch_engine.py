@@ -168,7 +168,8 @@ class BatchEngine:
             padding = torch.from_numpy(self.packer.padding).to(self.model.device)
             self.batch_step = wrap_step("batch_step", self._decode_step, engine.ctx, engine.pm, engine.plan,
                                         padding=padding)
-        self.pool = BlockPool(n_blocks, block_size)
+        self.pool = BlockPool(n_blocks, block_size, lowest_first=solo)
+        self.solo_fallbacks = 0  # solo steps that ran on the batched path (blocks not 0, 1, 2, ...)
         self.sched = Scheduler(self.pool, parallel=parallel, segment=block_size if solo else segment,
                                step_tokens=step_tokens)
         self._lock = threading.Lock()  # guards _incoming, _cancels, _draining and the counters
@@ -388,8 +389,10 @@ class BatchEngine:
     def _run(self, work: list[Work], checked: bool = False) -> None:
         """Run a step's work: launched (overlapped) when it may be, else read back at once.
         ``checked``: step() found every running sequence overlappable (a step is in flight)."""
-        if self.solo and len(work) == 1 and work[0].seq.blocks == list(range(len(work[0].seq.blocks))):
-            return self._run_solo(work[0])
+        if self.solo:
+            if len(work) == 1 and work[0].seq.blocks == list(range(len(work[0].seq.blocks))):
+                return self._run_solo(work[0])
+            self.solo_fallbacks += 1
         decode_only = all(w.end - w.start == 1 for w in work)
         try:
             if decode_only and self.overlap and (checked or all(self._overlappable(w.seq) for w in work)):

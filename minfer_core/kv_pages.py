@@ -27,14 +27,16 @@ class BlockPool:
 
     ``allocate`` takes the lowest-numbered never-cached free block first (so a lone sequence holds
     blocks 0, 1, 2, ...: the contiguous cache, see ``BatchEngine(solo=True)``), then evicts the least
-    recently used cached block. ``free`` drops one reference; at zero a cached block goes to the LRU list, any other back
+    recently used cached block; with ``lowest_first`` the lowest-numbered block that is free or cached
+    but unused, whichever (a lone sequence then always starts at block 0). ``free`` drops one reference; at zero a cached block goes to the LRU list, any other back
     to the free list. ``n_free`` counts both (a cached block with no user is reclaimable).
     """
 
-    def __init__(self, n_blocks: int, block_size: int):
+    def __init__(self, n_blocks: int, block_size: int, lowest_first: bool = False):
         if n_blocks < 1 or block_size < 1:
             raise ValueError("the KV pool needs at least one block of at least one row")
         self.n_blocks, self.block_size = n_blocks, block_size
+        self.lowest_first = lowest_first  # evict a cached block rather than take a higher free one
         self.free_ids: list[int] = list(range(n_blocks))  # a heap: the lowest id first
         self.refs = [0] * n_blocks
         self.key_of: dict[int, Hashable] = {}
@@ -52,7 +54,11 @@ class BlockPool:
 
     def allocate(self) -> Optional[int]:
         """A block with one reference, or None when every block is in use."""
-        if self.free_ids:
+        if self.lowest_first and self.lru and (not self.free_ids or min(self.lru) < self.free_ids[0]):
+            b = min(self.lru)
+            del self.lru[b]
+            del self.by_key[self.key_of.pop(b)]
+        elif self.free_ids:
             b = heapq.heappop(self.free_ids)
         elif self.lru:
             b, _ = self.lru.popitem(last=False)
