@@ -63,3 +63,22 @@ def test_duplicate_registration_keeps_the_first_block():
     assert pool.match([1, 2], 1) == first
     pool.free(second)
     assert pool.refs[second[0]] == 0 and second[0] in pool.free_ids  # private: straight back
+
+
+def test_lowest_free_block_first_and_lowest_first_evicts():
+    """The pool hands out the lowest free block (freed ones come back in order); with ``lowest_first``
+    (a solo engine) a cached block nobody uses is taken before any higher free one, so a new sequence
+    starts at block 0 whatever the cache holds."""
+    pool = BlockPool(6, 2)
+    assert [pool.allocate() for _ in range(4)] == [0, 1, 2, 3]
+    pool.free([3, 1])
+    assert [pool.allocate(), pool.allocate(), pool.allocate()] == [1, 3, 4]
+
+    solo = BlockPool(6, 2, lowest_first=True)
+    first = fill(solo, [1, 2, 3, 4, 5, 6])  # blocks 0, 1, 2, cached
+    solo.free(first)
+    assert solo.allocate() == 0 and solo.match([1, 2, 3, 4], 2) == []  # block 0 evicted: its chain is gone
+    assert [solo.allocate(), solo.allocate()] == [1, 2]
+    plain = BlockPool(6, 2)
+    plain.free(fill(plain, [1, 2, 3, 4, 5, 6]))
+    assert plain.allocate() == 3  # the default keeps cached blocks while free ones last
