@@ -31,7 +31,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.mma import ax, prefetch_l2
+from ..launch.mma import prefetch_l2, rows_layout, rows_prefetch_rows, rows_program, rows_store
 from ..launch.rows import rows_gemm
 from .plane import Q4KPlane
 
@@ -113,37 +113,22 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     x's tables have a row stride ``MP`` >= 8 G cdiv(M, 8 G). AHEAD > 0: each block first asks L2
     for the weight words and scales of the block AHEAD blocks on (one 128-byte line a row each), so
     that the loads of later blocks wait on L2 rather than on memory."""
-    W: gl.constexpr = gl.num_warps()
-    BN: gl.constexpr = 16 * T * W
-    # axes [warp, tile, group, g, c, r, p]: weight row g + 8 r, activation row 2 c + p
-    L: gl.constexpr = gl.BlockedLayout([1, T, G, 1, 1, 2, 2], [1, 1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1, 1],
-                                       [6, 5, 4, 3, 2, 1, 0])
-    pid_m = gl.program_id(0)
-    pid = gl.program_id(1)
-    s_id = gl.program_id(2)
-    aw, at, ag_ = ax(W, 0, 7, L), ax(T, 1, 7, L), ax(G, 2, 7, L)
-    ag, ac, ar, ap = ax(8, 3, 7, L), ax(4, 4, 7, L), ax(2, 5, 7, L), ax(2, 6, 7, L)
-    rows = pid * BN + (aw * T + at) * 16 + ag + 8 * ar
-    row = gl.minimum(rows, N - 1).to(gl.int64)
+    L: gl.constexpr = rows_layout(gl.num_warps(), T, G)
+    rows, row, xrow, cols, ac, ar, ap = rows_program(L, T, G, M, N)
     q_off = row * (NT * 16) + ac * 2 + ap  # word X + p of the sub-block's run
     sc_off = row * (NT * 2)  # word 2 t + s // 2 holds sub-block 4 t + s's (scale, min) at 16 (s % 2)
     dm_off = row * (NT // 2)  # word b: d (low 16 bits), dmin (high)
     # B: activation row g of the group, 8-value run c of a sub-block: words (16 t + 4 s + c) * 4 + 2 r + p
-    xrow = gl.minimum((pid_m * G + ag_) * 8 + ag, M - 1).to(gl.int64)
     x_off = xrow * (NT * 64) + ac * 4 + ar * 2 + ap
-    # x's per-block scale (NT / 2, MP) and per-sub-block integer sums (2 NT, MP) at activation row 2 c + p
-    cols = (pid_m * G + ag_) * 8 + ac * 2 + ap
+    # x's per-block scale (NT / 2, MP) and per-sub-block integer sums (2 NT, MP) at activation row cols
 
     nb = NT // 2
     per = gl.cdiv(nb, SPLIT)
-    first = s_id * per
+    first = gl.program_id(2) * per
     last = gl.minimum(first + per, nb)
-    acc = gl.zeros([W, T, G, 8, 4, 2, 2], gl.float32, layout=L)
-    zero = gl.zeros([W, T, G, 8, 4, 2, 2], gl.int32, layout=L)
-    # one address a weight row for the prefetches: [warp, tile, g, r]
-    LP: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, gl.SliceLayout(6, L)))
-    prow = pid * BN + (ax(W, 0, 4, LP) * T + ax(T, 1, 4, LP)) * 16 + ax(8, 2, 4, LP) + 8 * ax(2, 3, 4, LP)
-    prow = gl.minimum(prow, N - 1).to(gl.int64)
+    acc = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.float32, layout=L)
+    zero = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.int32, layout=L)
+    prow = rows_prefetch_rows(L, T, N)  # one address a weight row for the prefetches
     for b in range(first, last):
         if AHEAD > 0:
             nb_ahead = gl.minimum(b + AHEAD, last - 1)
@@ -152,16 +137,7 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
         wa = _load_span(2 * b, qw_ptr, q_off, sc_ptr, sc_off)
         wb = _load_span(2 * b + 1, qw_ptr, q_off, sc_ptr, sc_off)
         acc = _block(b, wa, wb, gl.load(dm_ptr + dm_off + b), acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)
-    mask = (rows < N) & (cols < M)
-    out = cols.to(gl.int64) * N + rows
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + rows, mask=mask, other=0.0)
-        if HAS_RES:
-            acc += gl.load(res_ptr + out, mask=mask, other=0.0)
-        gl.store(y_ptr + out, acc, mask=mask)
-    else:
-        gl.store(y_ptr + s_id * M * N + out, acc, mask=mask)
+    rows_store(acc, rows, cols, M, N, bias_ptr, res_ptr, y_ptr, HAS_BIAS, HAS_RES, SPLIT)
 
 
 def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int, num_warps: int, split: int,

@@ -31,7 +31,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.mma import ax, prefetch_l2
+from ..launch.mma import prefetch_l2, rows_layout, rows_prefetch_rows, rows_program, rows_store
 from ..launch.rows import rows_gemm
 from .plane import DECODE_BYTES, QH_AT, SC_AT, Q6KDecodePlane
 
@@ -108,36 +108,22 @@ def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_
     SPLIT > 1 the partials (SPLIT, M, N); x's sub-block sums ``xsum`` are not read (no offset term).
     AHEAD > 0: each block first asks L2 for the block AHEAD
     blocks on (two 128-byte lines a row)."""
-    W: gl.constexpr = gl.num_warps()
-    BN: gl.constexpr = 16 * T * W
-    # axes [warp, tile, group, g, c, r, p]: weight row g + 8 r, activation row 2 c + p
-    L: gl.constexpr = gl.BlockedLayout([1, T, G, 1, 1, 2, 2], [1, 1, 1, 8, 4, 1, 1], [W, 1, 1, 1, 1, 1, 1],
-                                       [6, 5, 4, 3, 2, 1, 0])
-    pid_m = gl.program_id(0)
-    pid = gl.program_id(1)
-    s_id = gl.program_id(2)
-    aw, at, ag_ = ax(W, 0, 7, L), ax(T, 1, 7, L), ax(G, 2, 7, L)
-    ag, ac, ar, ap = ax(8, 3, 7, L), ax(4, 4, 7, L), ax(2, 5, 7, L), ax(2, 6, 7, L)
-    rows = pid * BN + (aw * T + at) * 16 + ag + 8 * ar
-    row = gl.minimum(rows, N - 1).to(gl.int64) * (NB * WW)
-    q_off = row + 8 * ap + ac
-    qh_off = row + ac + (ap * 0)
-    sc_off = row
-    dm_off = gl.minimum(rows, N - 1).to(gl.int64) * NB
+    L: gl.constexpr = rows_layout(gl.num_warps(), T, G)
+    rows, row, xrow, cols, ac, ar, ap = rows_program(L, T, G, M, N)
+    q_off = row * (NB * WW) + 8 * ap + ac  # ql word 16h + 8p + 4s + c, less 16h + 4s
+    qh_off = row * (NB * WW) + ac + (ap * 0)
+    sc_off = row * (NB * WW)
+    dm_off = row * NB
     # B: activation row g of the group; values 4c .. of group k = 2r + p: digit-h word
     # 64h + 16k + 8s + 4 (c // 2) + c % 2 of the block
-    xrow = gl.minimum((pid_m * G + ag_) * 8 + ag, M - 1).to(gl.int64)
     x_off = xrow * (NB * 128) + 16 * (2 * ar + ap) + 4 * (ac // 2) + ac % 2
-    cols = (pid_m * G + ag_) * 8 + ac * 2 + ap
 
     per = gl.cdiv(NB, SPLIT)
-    first = s_id * per
+    first = gl.program_id(2) * per
     last = gl.minimum(first + per, NB)
-    acc = gl.zeros([W, T, G, 8, 4, 2, 2], gl.float32, layout=L)
-    zero = gl.zeros([W, T, G, 8, 4, 2, 2], gl.int32, layout=L)
-    LP: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, gl.SliceLayout(6, L)))
-    prow = pid * BN + (ax(W, 0, 4, LP) * T + ax(T, 1, 4, LP)) * 16 + ax(8, 2, 4, LP) + 8 * ax(2, 3, 4, LP)
-    prow = gl.minimum(prow, N - 1).to(gl.int64) * (NB * WW)
+    acc = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.float32, layout=L)
+    zero = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.int32, layout=L)
+    prow = rows_prefetch_rows(L, T, N) * (NB * WW)
     for b in range(first, last):
         if AHEAD > 0:
             b_ahead = gl.minimum(b + AHEAD, last - 1)
@@ -145,16 +131,7 @@ def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_
             prefetch_l2(w32_ptr + prow + b_ahead * WW + 32)
         acc = _block(b, w32_ptr, q_off, qh_off, sc_off, ap, gl.load(d_ptr + dm_off + b).to(gl.float32), acc, zero,
                      xq_ptr, x_off, xs_ptr, cols, MP)
-    mask = (rows < N) & (cols < M)
-    out = cols.to(gl.int64) * N + rows
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + rows, mask=mask, other=0.0)
-        if HAS_RES:
-            acc += gl.load(res_ptr + out, mask=mask, other=0.0)
-        gl.store(y_ptr + out, acc, mask=mask)
-    else:
-        gl.store(y_ptr + s_id * M * N + out, acc, mask=mask)
+    rows_store(acc, rows, cols, M, N, bias_ptr, res_ptr, y_ptr, HAS_BIAS, HAS_RES, SPLIT)
 
 
 def gemm_q6_mma(x: torch.Tensor, plane: Q6KDecodePlane, bias, tiles: int, groups: int, num_warps: int,
