@@ -33,7 +33,7 @@ from .batch_forward import decode_rows
 from .batch_inputs import StepPacker
 from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
-from .engine import Engine, StopStream, log
+from .engine import Engine, StopStream, log, prompt_bucket
 from .errors import UserError
 from .kv_pages import BlockPool
 from .matmuls import BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
@@ -427,7 +427,8 @@ class BatchEngine:
             if w.end - w.start == 1 and w.start >= seq.n_prompt:
                 logits = self.engine.step(*self.engine.inputs(seq.tokens[w.start], w.start))
             else:
-                logits = self.engine.run_prompt(seq.tokens[w.start:w.end], w.start, self._free_rows(seq))
+                rows = self._free_rows(seq, w.end) if w.start == 0 and self.engine.prefill_step else None
+                logits = self.engine.run_prompt(seq.tokens[w.start:w.end], w.start, rows)
             token = self._pick([seq], logits)[0] if w.end == len(seq.tokens) else None
         except Exception as e:
             return self._failed([w], e)
@@ -435,11 +436,14 @@ class BatchEngine:
         if token is not None:
             self._accept(seq, token)
 
-    def _free_rows(self, seq: Sequence) -> int:
-        """Rows up to which a padded prefill of ``seq`` may write: its blocks and the free, never
-        cached blocks after them."""
+    def _free_rows(self, seq: Sequence, n: int) -> int:
+        """Rows up to which the padded prefill of ``seq``'s first ``n`` tokens may write
+        (``Engine.run_prompt``): its blocks and the free blocks after them up to the padded length,
+        cached ones nobody uses dropped from the prefix cache first (their rows are overwritten)."""
         pool, b = self.pool, len(seq.blocks)
-        while b < pool.n_blocks and pool.refs[b] == 0 and b not in pool.key_of:
+        end = min(pool.n_blocks, -(-prompt_bucket(n) // self.block_size))
+        while b < end and pool.refs[b] == 0:
+            pool.drop(b)
             b += 1
         return b * self.block_size
 

@@ -27,9 +27,10 @@ class BlockPool:
 
     ``allocate`` takes the lowest-numbered never-cached free block first (so a lone sequence holds
     blocks 0, 1, 2, ...: the contiguous cache, see ``BatchEngine(solo=True)``), then evicts the least
-    recently used cached block; with ``lowest_first`` the lowest-numbered block that is free or cached
-    but unused, whichever (a lone sequence then always starts at block 0). ``free`` drops one reference; at zero a cached block goes to the LRU list, any other back
-    to the free list. ``n_free`` counts both (a cached block with no user is reclaimable).
+    recently used cached block; with ``lowest_first`` it takes the lowest-numbered block that is free
+    or cached but unused (a lone sequence then always starts at block 0). ``free`` drops one
+    reference; at zero a cached block goes to the LRU list, any other back to the free list.
+    ``n_free`` counts both (a cached block with no user is reclaimable).
     """
 
     def __init__(self, n_blocks: int, block_size: int, lowest_first: bool = False):
@@ -79,6 +80,14 @@ class BlockPool:
                     self.lru[b] = None
                 else:
                     heapq.heappush(self.free_ids, b)
+
+    def drop(self, block: int) -> None:
+        """Take a cached block nobody uses out of the prefix cache, back to the free list (its rows are
+        about to be overwritten); any other block is left as it is."""
+        if self.refs[block] == 0 and block in self.key_of:
+            del self.lru[block]
+            del self.by_key[self.key_of.pop(block)]
+            heapq.heappush(self.free_ids, block)
 
     def lookup(self, key: Hashable) -> Optional[int]:
         """The cached block for ``key`` with one more reference, or None."""

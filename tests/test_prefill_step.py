@@ -67,3 +67,38 @@ def test_engine_pads_through_a_wrapper_and_decodes_as_unpadded(engine):
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
     for a, b in zip(d_got, d_want):  # the padding's K/V rows never reach a later token
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+
+def test_solo_engine_pads_over_cached_blocks_and_keeps_the_cache_sound(engine):
+    """The CLI's engine runs a prompt's padded prefill step over the rows after its own blocks even
+    when an earlier request left them cached (they are dropped from the prefix cache first), and the
+    tokens stay the single stream's."""
+    from minfer_core.sampling import SamplerConfig
+    from minfer_core.solo import generate, solo_engine
+
+    greedy = SamplerConfig(temp=0)
+    eng = Engine.load(engine.path, backend="reference", device="cpu", n_ctx=512, progress=False)
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randint(0, 256, (300,), generator=gen).tolist()
+    b = torch.randint(0, 256, (260,), generator=gen).tolist()  # 17 blocks, padded to 288 rows: block 17 too
+    want = []
+    for ids in (a, b, a):
+        eng.reset()
+        want.append(eng.generate(ids, 12, greedy).tokens)
+    be = solo_engine(eng)
+    calls, cached_17 = [], []
+
+    def wrapper(tokens, last):
+        calls.append(tokens.shape[0])
+        cached_17.append(17 in be.pool.key_of)
+        return eng.model.prefill_step(tokens, last)
+
+    first = generate(be, a, 12, greedy).tokens
+    assert 17 in be.pool.key_of  # a left blocks 0..19 cached (311 rows computed)
+    eng.prefill_step = wrapper
+    got = [first] + [generate(be, ids, 12, greedy).tokens for ids in (b, a)]
+    # b took blocks 0..16 (evicting a's) and its padding block 17, dropped from the cache before the
+    # step; a again finds none of its blocks (block 0 is b's) and runs from scratch
+    assert calls == [288, 320] and cached_17 == [False, False]
+    assert got == want and be.solo_fallbacks == 0
