@@ -1,7 +1,7 @@
 """The CLI's engine: ``minfer run`` and ``minfer chat`` go through the batched engine with one
 sequence at a time (``BatchEngine(solo=True)``), the server's request life cycle (end tokens, stop
-strings, limits, the prefix cache), on the single-stream passes: the same bits and speed as
-:meth:`Engine.generate <minfer_core.engine.Engine.generate>`.
+strings, limits, the prefix cache), on the single-stream passes: the same bits as
+:meth:`Engine.generate <minfer_core.engine.Engine.generate>`, at its speed (``benchmarks/bench_solo.py``).
 
 Its pool holds one context; a finished request's full blocks stay cached, so a chat's next turn
 (the conversation re-rendered) prefills only what follows the last whole block both turns share.
