@@ -171,7 +171,7 @@ class BatchEngine:
         self.pool = BlockPool(n_blocks, block_size, lowest_first=solo)
         self.solo_fallbacks = 0  # solo steps that ran on the batched path (blocks not 0, 1, 2, ...)
         self.sched = Scheduler(self.pool, parallel=parallel, segment=block_size if solo else segment,
-                               step_tokens=step_tokens)
+                               step_tokens=step_tokens, share_all=solo)
         self._lock = threading.Lock()  # guards _incoming, _cancels, _draining and the counters
         self._step_lock = threading.Lock()  # one step at a time
         self._wake = threading.Event()
@@ -427,7 +427,7 @@ class BatchEngine:
             if w.end - w.start == 1 and w.start >= seq.n_prompt:
                 logits = self.engine.step(*self.engine.inputs(seq.tokens[w.start], w.start))
             else:
-                rows = self._free_rows(seq, w.end) if w.start == 0 and self.engine.prefill_step else None
+                rows = self._padding_rows(seq, w.end) if w.start == 0 and self.engine.prefill_step else None
                 logits = self.engine.run_prompt(seq.tokens[w.start:w.end], w.start, rows)
             token = self._pick([seq], logits)[0] if w.end == len(seq.tokens) else None
         except Exception as e:
@@ -436,7 +436,7 @@ class BatchEngine:
         if token is not None:
             self._accept(seq, token)
 
-    def _free_rows(self, seq: Sequence, n: int) -> int:
+    def _padding_rows(self, seq: Sequence, n: int) -> int:
         """Rows up to which the padded prefill of ``seq``'s first ``n`` tokens may write
         (``Engine.run_prompt``): its blocks and the free blocks after them up to the padded length,
         cached ones nobody uses dropped from the prefix cache first (their rows are overwritten)."""
@@ -518,8 +518,6 @@ class BatchEngine:
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", token_ids: Seq[int] = (),
                 error: Optional[str] = None) -> None:
-        if self.solo:
-            self.sched.share(seq, seq.n_computed)
         self.sched.remove(seq)
         self.packer.forget(seq)
         live: _Live = seq.data

@@ -53,12 +53,15 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, *, parallel: int, segment: int, step_tokens: int):
+    def __init__(self, pool: BlockPool, *, parallel: int, segment: int, step_tokens: int, share_all: bool = False):
         if segment % pool.block_size:
             raise ValueError(f"segment {segment} is not a multiple of the block size {pool.block_size}")
         if step_tokens < segment:
             raise ValueError(f"step token budget {step_tokens} is smaller than a segment ({segment})")
         self.pool, self.parallel, self.segment, self.step_tokens = pool, parallel, segment, step_tokens
+        # a removed sequence's every full computed block stays in the prefix cache, generated ones too
+        # (a one-sequence engine, whose next request may continue this one: a chat's next turn)
+        self.share_all = share_all
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first
         self.preemptions = 0
@@ -68,7 +71,10 @@ class Scheduler:
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
-        """Take a sequence out (finished, cancelled, failed) and free its blocks."""
+        """Take a sequence out (finished, cancelled, failed) and free its blocks (with ``share_all``
+        its full computed blocks stay findable)."""
+        if self.share_all:
+            self.share(seq, seq.n_computed)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

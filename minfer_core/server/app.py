@@ -261,12 +261,10 @@ async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
     raw = await read_body(http, limit)
     try:
         obj = json.loads(raw)
+        # JSON may escape half a UTF-16 pair (\ud800), which is no character to tokenize or echo
+        json.dumps(obj, ensure_ascii=False).encode()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise P.APIError(400, f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise P.APIError(400, "the request body is not valid JSON: nested too deeply") from None
-    try:  # JSON may escape half a UTF-16 pair (\ud800), which is no character to tokenize or echo
-        json.dumps(obj, ensure_ascii=False).encode()
     except RecursionError:
         raise P.APIError(400, "the request body is not valid JSON: nested too deeply") from None
     except UnicodeEncodeError:

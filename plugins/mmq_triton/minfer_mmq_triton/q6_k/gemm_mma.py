@@ -110,9 +110,9 @@ def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_
     blocks on (two 128-byte lines a row)."""
     L: gl.constexpr = rows_layout(gl.num_warps(), T, G)
     rows, row, xrow, cols, ac, ar, ap = rows_program(L, T, G, M, N)
-    q_off = row * (NB * WW) + 8 * ap + ac  # ql word 16h + 8p + 4s + c, less 16h + 4s
-    qh_off = row * (NB * WW) + ac + (ap * 0)
-    sc_off = row * (NB * WW)
+    sc_off = row * (NB * WW)  # a weight row's first word
+    q_off = sc_off + 8 * ap + ac  # ql word 16h + 8p + 4s + c, less 16h + 4s
+    qh_off = sc_off + ac + (ap * 0)
     dm_off = row * NB
     # B: activation row g of the group; values 4c .. of group k = 2r + p: digit-h word
     # 64h + 16k + 8s + 4 (c // 2) + c % 2 of the block
