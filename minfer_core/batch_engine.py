@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence as Seq
 
 import torch
 
-from .batch_forward import decode_rows
+from .batch_forward import batch_step, decode_rows
 from .batch_inputs import StepPacker
 from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
@@ -409,7 +409,7 @@ class BatchEngine:
                     logits.index_select(0, torch.tensor(sampled, device=dev))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
-                logits = self.model.forward_batch(batch, self.block_size, self.step_mm, self.attn, self.prompt_mm)
+                logits = self.model.forward(batch_step(batch, self.block_size, self.step_mm, self.attn, self.prompt_mm))
             tokens = self._pick([work[i].seq for i in sampled], logits)
         except Exception as e:
             return self._failed(work, e)

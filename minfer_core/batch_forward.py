@@ -1,8 +1,10 @@
-"""The batched forward over the paged KV pool (the batched engine's step).
+"""The batched engine's step over the paged KV pool, as a :class:`~minfer_core.step.Step` of the
+model's one forward.
 
 A step holds rows of any mix of sequences: prompt segments (several rows attending together) and
 single rows (a decode token, or a generated token recomputed after preemption). Each layer is the
-model's one block (``Transformer.layer``) with this module's attention and the engine's matmuls.
+model's one block (``Transformer.layer``) with this module's attention (:class:`PagedRows`) and the
+engine's matmuls.
 Rows at generated positions (and the output head's) take the batched ones
 (:class:`~minfer_core.matmuls.BatchMatmuls`): a weight with a row-invariant kernel (``plan.batch``:
 its rows' bits never depend on the row count) multiplies all rows at once, RMSNorm, SwiGLU and the
@@ -18,7 +20,7 @@ the batch holds (batch invariance).
 
 :func:`decode_rows` is the decode-only step on fixed shapes that reads nothing on the host, so a
 plugin may capture it (hook ``minfer_wrap_batch_step``: cuda_graphs' CUDA graphs); it is
-:func:`forward_batch` on such a batch.
+:func:`batch_step` on such a batch.
 Shapes: T rows, H query heads, Hkv KV heads, D head dim.
 """
 
@@ -30,6 +32,7 @@ from typing import Optional
 import torch
 
 from .matmuls import Matmuls, SplitMatmuls
+from .step import Step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # entry counts of the paged attention (and of graphs)
 
@@ -68,43 +71,43 @@ class Batch:
     n_gen: int  # rows [0, n_gen) are at generated positions, the rest at prompt ones
 
 
-def forward_batch(model, b: Batch, block_size: int, mm: Matmuls, attn,
-                  prompt_mm: Optional[Matmuls] = None) -> torch.Tensor:
-    """One batched step of ``model`` (a :class:`~minfer_core.model.Transformer`) over its paged
-    cache, multiplying the rows at generated positions (and the output head's) with ``mm``, those at
-    prompt positions with ``prompt_mm`` (default ``mm``), the single rows attending with ``attn`` (a
-    paged_decode Candidate: the engine's, see ``BatchEngine.attn``); logits (L, vocab) of
-    ``b.logit_rows``. Reads no host value of any tensor of ``b``."""
-    cfg, rt = model.cfg, model.rt
-    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    T = b.tokens.shape[0]
-    cos, sin = model.cos[b.positions], model.sin[b.positions]
-    neox = cfg.rope_style == "neox"
-    all_single = b.n_single == T == b.single_rows.shape[0]  # decode-only at a bucket: rows are entries
+class PagedRows:
+    """How a batched step's rows attend (a :class:`~minfer_core.step.Step`'s attention): RoPE and
+    the K/V write at each row's pool slot in one call of the plan's ``prefill_rope_kv``; the single
+    rows in one call of ``attn`` (a paged_decode Candidate: the engine's, see ``BatchEngine.attn``),
+    the prompt segments in one call of the plan's ``paged_prefill``, both through block tables.
+    Reads no host value of any tensor of ``b``."""
 
-    def attend(i, q, k, v):
+    def __init__(self, b: Batch, block_size: int, attn):
+        self.b, self.block_size, self.attn = b, block_size, attn
+        # decode-only at a bucket: the rows are the paged attention's entries, in order
+        self.all_single = b.n_single == b.tokens.shape[0] == b.single_rows.shape[0]
+
+    def __call__(self, model, i: int, q, k, v, cos, sin) -> torch.Tensor:
+        b, cfg, rt = self.b, model.cfg, model.rt
+        T, H, Hkv, D = q.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q = rt._run(rt.pre_rope_kv, q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, D),
-                    cos, sin, model.cache.k[i], model.cache.v[i], b.slots, neox)
-        kp, vp = model.cache.pages(i, block_size)
-        if all_single:  # every row is an entry of the paged attention, in order
-            return rt._run(attn, q, kp, vp, b.tables, b.lens).reshape(T, H * D).contiguous()
+                    cos, sin, model.cache.k[i], model.cache.v[i], b.slots, cfg.rope_style == "neox")
+        kp, vp = model.cache.pages(i, self.block_size)
+        if self.all_single:
+            return rt._run(self.attn, q, kp, vp, b.tables, b.lens).reshape(T, H * D).contiguous()
         o = torch.empty(T, H * D, device=q.device, dtype=torch.float32)  # each row: single or in a call
         if b.n_single:
-            out = rt._run(attn, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
+            out = rt._run(self.attn, q.index_select(0, b.single_rows), kp, vp, b.tables, b.lens)
             o.index_copy_(0, b.single_rows[:b.n_single], out[:b.n_single].reshape(b.n_single, H * D))
         if b.call_rows:
             rt._run(rt.attn_paged_prefill, q, kp, vp, b.calls, b.call_tables, o, b.call_rows)
         return o
 
+
+def batch_step(b: Batch, block_size: int, mm: Matmuls, attn, prompt_mm: Optional[Matmuls] = None) -> Step:
+    """The :class:`~minfer_core.step.Step` of one batched step over the paged pool: the rows at
+    generated positions (and the output head) multiply with ``mm``, those at prompt positions with
+    ``prompt_mm`` (default ``mm``); the single rows attend with ``attn``; logits of ``b.logit_rows``."""
+    T = b.tokens.shape[0]
     layer_mm = mm if prompt_mm is None or b.n_gen == T else prompt_mm if b.n_gen == 0 else \
         SplitMatmuls(mm, prompt_mm, b.n_gen)
-    h = model.embed(b.tokens)
-    for i in range(cfg.n_layers):
-        h = model.layer(i, h, layer_mm, attend)
-    L = b.logit_rows.shape[0]
-    if L == 0:
-        return h.new_zeros(0, cfg.vocab_size)
-    return model.head(h.index_select(0, b.logit_rows), mm)
+    return Step(b.tokens, b.positions, PagedRows(b, block_size, attn), layer_mm, b.logit_rows, head_mm=mm)
 
 
 def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn) -> torch.Tensor:
@@ -117,4 +120,4 @@ def decode_rows(model, inputs: torch.Tensor, block_size: int, mm: Matmuls, attn)
     b = Batch(inputs[:, 0].contiguous(), inputs[:, 1].contiguous(), inputs[:, 2].contiguous(), none, none, 0,
               entries, entries,
               inputs[:, 4:].to(torch.int32), inputs[:, 3].to(torch.int32), e, e)
-    return forward_batch(model, b, block_size, mm, attn)
+    return model.forward(batch_step(b, block_size, mm, attn))

@@ -206,7 +206,7 @@ class Engine:
         self.cached = list(ids[:n])
         self.last_prefill = len(ids) - n  # tokens actually run (the rest came from the cache)
         if all_logits:
-            logits = self.model.forward(torch.tensor(ids[n:], dtype=torch.long, device=self.device), n, all_logits=True)
+            logits = self.model.prompt(torch.tensor(ids[n:], dtype=torch.long, device=self.device), n, all_logits=True)
         else:
             logits = self.run_prompt(ids[n:], n)
         self.cached = list(ids)
@@ -225,7 +225,7 @@ class Engine:
             padded_tokens[:len(new)] = new
             last = torch.tensor([len(new) - 1], dtype=torch.long, device=self.device)
             return self.prefill_step(padded_tokens, last)
-        return self.model.forward(new, start)
+        return self.model.prompt(new, start)
 
     def decode(self, token: int) -> torch.Tensor:
         """Feed one token at the next position; logits (vocab,)."""

@@ -1,11 +1,14 @@
 """The transformer (Qwen2 and Llama families) over a resolved dispatch plan.
 
 Reads top-down: rotary tables, KV cache, the runtime that calls the planned kernels, then the
-model. A block is ``h += attn(norm(h)); h += ffn(norm(h))``: one body, :meth:`Transformer.layer`,
-for every pass (a prompt, a single-stream decode step, a batched step over the paged pool), given
-the pass's matmuls (:mod:`minfer_core.matmuls`) and attention (which writes K/V at the rows'
-positions: a contiguous cache from ``start``, or pool slots and block tables). The forward makes no
-hook calls and reads no environment: every kernel was chosen at load time (``minfer_core.dispatch``).
+model. :meth:`Transformer.forward` is its one forward, for every pass: it takes a
+:class:`~minfer_core.step.Step` (tokens, their positions, how the rows attend, how they multiply,
+which logits come back) and runs one block, :meth:`Transformer.layer` (``h += attn(norm(h)); h +=
+ffn(norm(h))``), per layer. A prompt and a single-stream decode step attend on the contiguous
+cache (:class:`~minfer_core.step.ContiguousPrompt`, :class:`~minfer_core.step.ContiguousToken`), a
+batched step on the paged pool through block tables (:mod:`minfer_core.batch_forward`); each pass
+multiplies through its :mod:`minfer_core.matmuls`. The forward makes no hook calls and reads no
+environment: every kernel was chosen at load time (``minfer_core.dispatch``).
 Shapes: T tokens, H query heads, Hkv KV heads, D head dim, E embedding width.
 """
 
@@ -19,6 +22,7 @@ from .model_config import ModelConfig
 from .dequant import dequantize
 from .loader import ModelParams
 from .matmuls import PREFILL_ROWS, DecodeMatmuls, PromptMatmuls, row_tiles
+from .step import ContiguousPrompt, ContiguousToken, Step
 from .reference import rmsnorm_rows as rmsnorm
 from .weights import Activation, Weight
 
@@ -191,11 +195,35 @@ class Transformer:
         mm = mm or PromptMatmuls(self.rt)
         return mm(["output"], h, norm=(self.p.out_norm, self.cfg.rms_eps), plain_norm=True)[0]
 
-    # -- passes ----------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
-        """Process tokens (T,) at positions start..start+T-1; logits (T or 1, vocab) float32."""
-        h = self.blocks(tokens, start)
-        return self.head(h if all_logits else h[-1:])
+    # -- the forward ---------------------------------------------------------------------
+    def forward(self, step: Step) -> torch.Tensor:
+        """The one forward of every pass (:mod:`minfer_core.step`): embed ``step.tokens``, run each
+        block with the step's matmuls and attention, and return the logits (L, vocab) float32 of
+        ``step.logit_rows``. Reads no host value of the step's tensors (a plugin may capture it)."""
+        cos, sin = self.cos[step.positions], self.sin[step.positions]
+
+        def attend(i, q, k, v):
+            return step.attention(self, i, q, k, v, cos, sin)
+
+        h = self.embed(step.tokens)
+        for i in range(self.cfg.n_layers):
+            h = self.layer(i, h, step.mm, attend)
+        rows = step.logit_rows
+        if rows is not None:
+            h = h[rows] if isinstance(rows, slice) else h.index_select(0, rows)
+        if h.shape[0] == 0:
+            return h.new_zeros(0, self.cfg.vocab_size)
+        return self.head(h, step.head_mm or step.mm)
+
+    # -- the single stream's steps (what engine.py runs, and plugins wrap) -------------------
+    def prompt(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
+        """Tokens (T,) at positions start..start+T-1 of the contiguous cache; logits (T or 1, vocab)."""
+        T = tokens.shape[0]
+        if start + T > self.n_ctx:
+            raise ValueError(f"context full: {start + T} tokens > n_ctx {self.n_ctx}")
+        positions = torch.arange(start, start + T, device=tokens.device)
+        return self.forward(Step(tokens, positions, ContiguousPrompt(start), PromptMatmuls(self.rt),
+                                 None if all_logits else slice(T - 1, T)))
 
     def prefill_step(self, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Tokens (T,) from position 0; logits (1, vocab) of row ``last`` ((1,) int64, on the device).
@@ -204,48 +232,15 @@ class Transformer:
         a CUDA graph once and replayed for every prompt of that bucket (causal attention keeps the
         padding rows out of the real ones; their K/V rows are overwritten as the cache grows).
         """
-        return self.head(self.blocks(tokens, 0).index_select(0, last))
-
-    def blocks(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Embed tokens (T,) at positions start..start+T-1 and run every block; hidden (T, E)."""
-        cfg, c = self.cfg, self.cache
         T = tokens.shape[0]
-        if start + T > self.n_ctx:
-            raise ValueError(f"context full: {start + T} tokens > n_ctx {self.n_ctx}")
-        cos, sin = self.cos[start:start + T], self.sin[start:start + T]
-        rt, neox = self.rt, cfg.rope_style == "neox"
-
-        def attend(i, q, k, v):
-            q = rt._run(rt.pre_rope_kv, q.view(T, cfg.n_heads, cfg.head_dim), k.view(T, cfg.n_kv_heads, cfg.head_dim),
-                        v.view(T, cfg.n_kv_heads, cfg.head_dim), cos, sin, c.k[i], c.v[i], start, neox)
-            return rt._run(rt.attn_prefill, q, c.k[i, :start + T], c.v[i, :start + T], start)
-
-        h, mm = self.embed(tokens), PromptMatmuls(rt)
-        for i in range(cfg.n_layers):
-            h = self.layer(i, h, mm, attend)
-        return h
+        if T > self.n_ctx:
+            raise ValueError(f"context full: {T} tokens > n_ctx {self.n_ctx}")
+        positions = torch.arange(T, device=tokens.device)
+        return self.forward(Step(tokens, positions, ContiguousPrompt(0), PromptMatmuls(self.rt), last))
 
     def decode_step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One token (1,) at position pos (1,) int64, both on the device; logits (1, vocab).
 
         Reads no host value of ``pos``, so the step can be captured as a CUDA graph.
         """
-        cfg, c, rt = self.cfg, self.cache, self.rt
-        cos, sin = self.cos[pos], self.sin[pos]
-        n_valid = (pos + 1).to(torch.int32).reshape(())
-        neox = cfg.rope_style == "neox"
-
-        def attend(i, q, k, v):
-            q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], pos, neox)
-            return rt._run(rt.attn_decode, q, c.k[i, :self.n_ctx], c.v[i, :self.n_ctx], n_valid).view(1, -1)
-
-        h, mm = self.embed(token), DecodeMatmuls(rt)
-        for i in range(cfg.n_layers):
-            h = self.layer(i, h, mm, attend)
-        return self.head(h, mm)
-
-    def forward_batch(self, b, block_size: int, mm, attn, prompt_mm=None) -> torch.Tensor:
-        """One batched step over the paged cache (:func:`minfer_core.batch_forward.forward_batch`)."""
-        from .batch_forward import forward_batch
-
-        return forward_batch(self, b, block_size, mm, attn, prompt_mm)
+        return self.forward(Step(token, pos, ContiguousToken(pos), DecodeMatmuls(self.rt)))

@@ -263,7 +263,7 @@ def test_cancel_error_and_limits(engine, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(be.model, "forward_batch", boom)  # mixed steps
+    monkeypatch.setattr(be.model, "forward", boom)  # mixed steps
     monkeypatch.setattr(be, "_decode_step", boom)  # decode-only steps
     be.step()
     assert c.final(r2.id).finish_reason == "error" and "injected" in c.final(r2.id).error

@@ -23,7 +23,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from minfer_core.batch_engine import BatchEngine, Request
-from minfer_core.batch_forward import bucket, decode_rows
+from minfer_core.batch_forward import batch_step, bucket, decode_rows
 from minfer_core.engine import Engine
 from minfer_core.reference import attention_paged_decode, attention_prefill
 from minfer_core.sampling import SamplerConfig
@@ -111,10 +111,10 @@ def check_decode_paths(be, work, tol):
     fixed = decode_rows(be.model, inputs, be.block_size, be.decode_mm, be.attn)[:len(work)]
     batch, sampled = be.packer.mixed(work, be.model.device)
     assert sampled == list(range(len(work))) and batch.n_single == len(work) and batch.call_rows == 0
-    general = be.model.forward_batch(batch, be.block_size, be.step_mm, be.attn)
+    general = be.model.forward(batch_step(batch, be.block_size, be.step_mm, be.attn))
     assert torch.equal(fixed, general)
-    old = be.model.forward_batch(batch, be.block_size, be.step_mm,
-                                 Candidate("reference", "old.per_sequence", per_sequence_attention))
+    old = be.model.forward(batch_step(batch, be.block_size, be.step_mm,
+                                      Candidate("reference", "old.per_sequence", per_sequence_attention)))
     assert float((old - general).abs().max()) <= tol * float(old.abs().max())
 
 
@@ -407,7 +407,7 @@ def test_gpu_graph_replay_equals_eager(synth_05b, n):
     assert inputs.shape[0] in graphs.graphs and not graphs.failed
     assert torch.equal(graphed, eager)
     batch, _ = be.packer.mixed(work, be.model.device)
-    assert torch.equal(be.model.forward_batch(batch, be.block_size, be.decode_mm, be.attn), eager[:n])
+    assert torch.equal(be.model.forward(batch_step(batch, be.block_size, be.decode_mm, be.attn)), eager[:n])
     assert be.model.rt.counts["mmq.attn.paged"] > 0
 
 

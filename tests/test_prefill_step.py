@@ -35,7 +35,7 @@ def engine(tmp_path_factory):
 
 def test_padded_prefill_step_equals_the_forward(engine):
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
-    want = engine.model.forward(ids, 0)
+    want = engine.model.prompt(ids, 0)
     padded = torch.cat([ids, torch.zeros(prompt_bucket(40) - 40, dtype=torch.long)])
     got = engine.model.prefill_step(padded, torch.tensor([39]))
     assert got.shape == want.shape == (1, engine.cfg.vocab_size)

@@ -165,7 +165,7 @@ def test_engine_errors_and_plain_disconnect(model):
     streaming); a non-streaming client that gives up is cancelled; the pool is whole afterwards."""
     n_ctx = 512  # long enough that the abandoned request cannot finish before it is noticed
     engine = load_engine(model, n_ctx=n_ctx, parallel=2, max_queue=4)
-    real_forward = engine.model.forward_batch
+    real_forward = engine.model.forward
     fail = {"on": False}
 
     def forward(*a, **kw):
@@ -173,7 +173,7 @@ def test_engine_errors_and_plain_disconnect(model):
             raise RuntimeError("injected failure")
         return real_forward(*a, **kw)
 
-    engine.model.forward_batch = forward
+    engine.model.forward = forward
     with live_server(engine) as (base, _):
         _, start = get_json(base + "/health")
         body = {"prompt": "the", "max_tokens": 4, "ignore_eos": True}

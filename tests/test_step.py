@@ -1,0 +1,96 @@
+"""The model's one forward takes what a pass is as inputs (``minfer_core.step.Step``): a new kind of
+pass is a new attention layout, not a new forward. Here a layout written from first principles
+(RoPE by hand, K/V in a pool of its own through a shuffled block table, torch's SDPA) runs a real
+model's prompt in two chunks and must give the logits of the built-in prompt pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minfer_core.engine import Engine
+from minfer_core.matmuls import PromptMatmuls
+from minfer_core.step import ContiguousPrompt, Step
+
+BLOCK = 4
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    """Rotate x (T, heads, D) by angle tables (T, D/2): pairs (j, j + D/2) for NeoX, (2j, 2j + 1)
+    otherwise (llama.cpp's two RoPE types)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+class SdpaPaged:
+    """One sequence's rows at ``positions`` (host ints, consecutive), K/V kept in ``pool`` (layers,
+    blocks, BLOCK, Hkv, D) at the blocks ``table`` lists, in order."""
+
+    def __init__(self, pool_k, pool_v, table: list[int], start: int):
+        self.k, self.v, self.table, self.start = pool_k, pool_v, table, start
+
+    def __call__(self, model, i, q, k, v, cos, sin):
+        cfg = model.cfg
+        T, H, Hkv, D = q.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        neox = cfg.rope_style == "neox"
+        q = rope(q.reshape(T, H, D).float(), cos, sin, neox)
+        k = rope(k.reshape(T, Hkv, D).float(), cos, sin, neox)
+        for t in range(T):
+            pos = self.start + t
+            blk, off = self.table[pos // BLOCK], pos % BLOCK
+            self.k[i, blk, off], self.v[i, blk, off] = k[t], v.reshape(T, Hkv, D)[t].float()
+        end = self.start + T
+        blocks = torch.tensor(self.table[:-(-end // BLOCK)])
+        ks = self.k[i, blocks].flatten(0, 1)[:end].repeat_interleave(H // Hkv, dim=1)  # (end, H, D)
+        vs = self.v[i, blocks].flatten(0, 1)[:end].repeat_interleave(H // Hkv, dim=1)
+        mask = torch.arange(end)[None, :] <= torch.arange(self.start, end)[:, None]  # causal
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1),
+                                           attn_mask=mask)
+        return o.transpose(0, 1).reshape(T, H * D)
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_path):
+    return Engine.load(smollm_path, backend="reference", device="cpu", n_ctx=64)
+
+
+def test_a_new_attention_layout_runs_through_the_one_forward(smollm):
+    model = smollm.model
+    cfg = model.cfg
+    ids = smollm.tok.encode("The quick brown fox jumps over the lazy dog, then naps.", add_special=True)
+    n, split = len(ids), 7
+    want = model.prompt(torch.tensor(ids), 0, all_logits=True)
+
+    n_blocks = -(-n // BLOCK) + 3
+    table = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(0)).tolist()
+    assert table != sorted(table)
+    shape = (cfg.n_layers, n_blocks, BLOCK, cfg.n_kv_heads, cfg.head_dim)
+    pool_k, pool_v = torch.zeros(shape), torch.zeros(shape)
+    got = []
+    for lo, hi in ((0, split), (split, n)):
+        step = Step(torch.tensor(ids[lo:hi]), torch.arange(lo, hi), SdpaPaged(pool_k, pool_v, table, lo),
+                    PromptMatmuls(model.rt))
+        got.append(model.forward(step))
+    got = torch.cat(got)
+
+    assert got.shape == want.shape == (n, cfg.vocab_size)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    err = float((got - want).abs().max())
+    assert err <= 2e-3 * float(want.abs().max()), err
+
+
+def test_logit_rows_pick_rows_and_may_be_empty(smollm):
+    model = smollm.model
+    ids = torch.tensor(smollm.tok.encode("one two three four five", add_special=True))
+    full = model.prompt(ids, 0, all_logits=True)
+
+    def run(rows):
+        return model.forward(Step(ids, torch.arange(len(ids)), ContiguousPrompt(0), PromptMatmuls(model.rt), rows))
+
+    assert torch.allclose(run(torch.tensor([2, 0])), full[[2, 0]], atol=1e-3, rtol=1e-3)
+    assert run(torch.tensor([], dtype=torch.long)).shape == (0, model.cfg.vocab_size)
