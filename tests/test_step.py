@@ -17,14 +17,15 @@ BLOCK = 4
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
-    """Rotate x (T, heads, D) by angle tables (T, D/2): pairs (j, j + D/2) for NeoX, (2j, 2j + 1)
-    otherwise (llama.cpp's two RoPE types)."""
-    c, s = cos[:, None, :], sin[:, None, :]
+    """Rotate x (T, heads, D) by angle tables (T, D/2), as complex multiplication: each pair (j, j +
+    D/2) for NeoX, (2j, 2j + 1) otherwise (llama.cpp's two RoPE types) is one complex number."""
+    turn = torch.complex(cos, sin)[:, None, :]
     if neox:
         a, b = x.chunk(2, dim=-1)
-        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+        z = torch.complex(a, b) * turn
+        return torch.cat([z.real, z.imag], dim=-1)
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous()) * turn
+    return torch.view_as_real(z).flatten(-2)
 
 
 class SdpaPaged:
