@@ -189,10 +189,9 @@ class Transformer:
         gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps)))
         return mm([lw.down], gu, swiglu=True, residual=h)[0]
 
-    def head(self, h: torch.Tensor, mm=None) -> torch.Tensor:
+    def head(self, h: torch.Tensor, mm) -> torch.Tensor:
         """Logits of hidden rows ``h``: the output norm, then the output weight (``mm``: the pass's
-        matmuls, default :class:`~minfer_core.matmuls.PromptMatmuls`)."""
-        mm = mm or PromptMatmuls(self.rt)
+        matmuls)."""
         return mm(["output"], h, norm=(self.p.out_norm, self.cfg.rms_eps), plain_norm=True)[0]
 
     # -- the forward ---------------------------------------------------------------------
