@@ -476,3 +476,107 @@ def test_gpu_row_tile_under_64_rows_only_for_small_tile_kernels():
     assert [tile(p, False, False) for p in (1, 8, 16, 64, 128)] == [64, 64, 64, 64, 128]  # b is tiled
     assert tile(8, False, True) == 16
 
+
+
+def check_books(be: BatchEngine) -> None:
+    """The pool's books balance: each block's reference count is the number of sequences holding
+    it, a block is free, cached-unused or held (exactly one), and only prefix-cache blocks are held
+    by more than one sequence."""
+    pool, sched = be.pool, be.sched
+    held = [0] * pool.n_blocks
+    for seq in list(sched.running) + list(sched.waiting):
+        assert len(set(seq.blocks)) == len(seq.blocks), seq.blocks
+        for b in seq.blocks:
+            held[b] += 1
+    assert held == pool.refs
+    free, lru = set(pool.free_ids), set(pool.lru)
+    assert len(free) == len(pool.free_ids) and not free & lru
+    assert all((b in free or b in lru) == (held[b] == 0) for b in range(pool.n_blocks))
+    assert all(b in pool.key_of for b in range(pool.n_blocks) if held[b] > 1)
+    assert pool.n_free + sum(h > 0 for h in held) == pool.n_blocks
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_soak_random_arrivals_cancels_and_preemption(engine, seed):
+    """Requests arrive at random steps (random prompt and output lengths, a third behind one shared
+    system prompt) into a pool of a context and two blocks, so that sequences are preempted; some
+    are cancelled at random steps. After every step the books balance (check_books); at the end
+    every request ended once, each that ran to its length produced its tokens alone, each cancelled
+    one a prefix of them, and every block is free."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def rand(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=rng))
+
+    system = prompt(seed * 1000, 64)
+    specs = []
+    for i in range(32):
+        own = prompt(seed * 1000 + 1 + i, rand(1, 90))
+        specs.append((system + own if i % 3 == 0 else own, rand(1, 30), rand(0, 40)))
+    cancel_at = {i: rand(1, 40) for i in range(len(specs)) if rand(0, 100) < 20}
+
+    c = Collect()
+    be = batch(engine, parallel=6, n_blocks=N_CTX // 16 + 2, max_queue=8)
+    reqs = [c.req(ids, n, ignore_eos=True) for ids, n, _ in specs]
+    pending = sorted(range(len(specs)), key=lambda i: specs[i][2])
+    submitted, step = {}, 0
+    while pending or not be.sched.idle or be._incoming:
+        while pending and specs[pending[0]][2] <= step:
+            try:
+                be.submit(reqs[pending[0]])
+            except QueueFull:
+                break  # try again next step
+            submitted[pending.pop(0)] = step
+        for i, at in cancel_at.items():
+            if i in submitted and submitted[i] + at == step:
+                be.cancel(reqs[i].id)
+        be.step()
+        check_books(be)
+        step += 1
+        assert step < 5000, "the engine does not finish"
+
+    assert be.sched.preemptions > 0 and be.pool.hits > 0
+    assert be.pool.n_free == be.pool.n_blocks
+    ends = {"length": 0, "cancelled": 0}
+    for (ids, n, _), r in zip(specs, reqs):
+        reason = c.final(r.id).finish_reason
+        ends[reason] += 1
+        want = alone(engine, ids, n)
+        got = c.tokens(r.id)
+        assert got == want if reason == "length" else got == want[:len(got)], (reason, got, want)
+    assert ends["cancelled"] > 0 and ends["length"] > 0
+
+
+def test_soak_solo_engine_chains_of_requests(engine):
+    """The CLI's engine over a chain of requests, each a fresh prompt or a continuation of an
+    earlier request's prompt and output (a chat's next turn, or an older one's, whose blocks later
+    requests may have taken), long enough that the pool evicts: the tokens equal
+    ``Engine.generate``'s for the same prompts (computed first: both use the model's cache), the
+    books balance, and every step ran on the single-stream passes."""
+    from minfer_core.solo import generate, solo_engine
+
+    rng = torch.Generator().manual_seed(5)
+
+    def rand(lo, hi):
+        return int(torch.randint(lo, hi, (1,), generator=rng))
+
+    chain, wants = [], []
+    for i in range(14):
+        if chain and rand(0, 3):
+            j = rand(0, len(chain))
+            base = chain[j] + wants[j]
+            ids = base + prompt(50 + i, rand(1, 20))
+        else:
+            ids = prompt(50 + i, rand(1, 120))
+        if len(ids) + 20 >= N_CTX:
+            ids = ids[-(N_CTX // 2):]
+        engine.reset()
+        chain.append(ids)
+        wants.append(engine.generate(ids, n_predict=rand(1, 20), sampling=GREEDY).tokens)
+
+    be = solo_engine(engine)
+    for ids, want in zip(chain, wants):
+        got = generate(be, ids, n_predict=len(want), sampling=GREEDY)
+        assert got.tokens == want
+        check_books(be)
+    assert be.solo_fallbacks == 0 and be.pool.hits > 0
