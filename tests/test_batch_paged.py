@@ -342,26 +342,30 @@ def test_a_plugins_row_invariant_kernels_serve_the_whole_step(tmp_path, monkeypa
     assert {(r, t) for _, r, t in tiled_rows} == {(16, 16)}  # the prompt's first segment was reused
 
 
-def test_every_pass_runs_the_models_one_block(tmp_path, monkeypatch):
-    """A prompt, a single-stream decode step and a batched step each run ``Transformer.layer`` once per
-    layer, in order, with their own matmuls (prompt, decode, batched prompt tiles, batched rows)."""
+def test_every_pass_runs_the_models_one_forward_and_block(tmp_path, monkeypatch):
+    """A prompt, a single-stream decode step and a batched step each go through
+    ``Transformer.forward`` once, with their own attention layout, and run ``Transformer.layer`` once
+    per layer, in order, with their own matmuls (prompt, decode, batched prompt tiles, batched rows)."""
     eng = tiny_engine(tmp_path, QT.Q8_0, backend="reference")
-    model, seen = eng.model, []
-    layer = model.layer
+    model, seen, steps = eng.model, [], []
+    layer, forward = model.layer, model.forward
     monkeypatch.setattr(model, "layer", lambda i, h, mm, attend: (seen.append((i, type(mm).__name__)),
                                                                   layer(i, h, mm, attend))[1])
+    monkeypatch.setattr(model, "forward", lambda step: (steps.append(type(step.attention).__name__),
+                                                        forward(step))[1])
     n = eng.cfg.n_layers
     eng.prefill(list(range(3, 40)))
-    assert seen == [(i, "PromptMatmuls") for i in range(n)]
+    assert seen == [(i, "PromptMatmuls") for i in range(n)] and steps == ["ContiguousPrompt"]
     seen.clear()
     eng.decode(5)
-    assert seen == [(i, "DecodeMatmuls") for i in range(n)]
+    assert seen == [(i, "DecodeMatmuls") for i in range(n)] and steps[1:] == ["ContiguousToken"]
     seen.clear()
     be = BatchEngine(eng, parallel=2, max_queue=4, n_blocks=16, segment=32, step_tokens=64)
     be.submit(Request(list(range(3, 20)), 2, GREEDY, ignore_eos=True))
     while be.step():
         pass
     assert seen == [(i, "TiledPromptMatmuls") for i in range(n)] + [(i, "BatchMatmuls") for i in range(n)]
+    assert steps[2:] == ["PagedRows", "PagedRows"]
 
 
 def test_every_row_of_a_step_is_a_single_row_or_in_one_call(tmp_path):

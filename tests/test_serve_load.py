@@ -58,7 +58,7 @@ async def one_request(client: httpx.AsyncClient, i: int, rng: random.Random) -> 
                 err = json.loads(await r.aread())["error"]
                 assert err["type"] == "rate_limit_error" and r.headers["retry-after"] == "1"
                 overflows += 1
-                await asyncio.sleep(min(1.0, 0.05 * 2 ** overflows) * (0.5 + rng.random()))  # backing off, at most about Retry-After
+                await asyncio.sleep(min(1.0, 0.05 * 2 ** min(overflows, 5)) * (0.5 + rng.random()))  # backing off, at most about Retry-After
                 continue
             assert r.status_code == 200, await r.aread()
             if kind == "plain":
