@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence as Seq
 import torch
 
 from .batch_forward import batch_step, decode_rows
-from .batch_inputs import StepPacker
+from .batch_inputs import StepPacker, upload
 from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
 from .engine import Engine, StopStream, log, prompt_bucket
@@ -354,7 +354,7 @@ class BatchEngine:
                 if packed[i, 0] == PENDING:
                     packed[i, 0] = -1 - prev.row[w.seq.id]
         host_in = torch.from_numpy(packed)
-        inputs = host_in.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host_in
+        inputs = upload(host_in, dev)
         if prev is not None:
             tok = inputs[:, 0]
             inputs[:, 0] = torch.where(tok < 0, prev.tokens[(-1 - tok).clamp(min=0)], tok)
@@ -406,7 +406,7 @@ class BatchEngine:
                 logits = (self.batch_step or self._decode_step)(inputs)
                 sampled = [i for i, w in enumerate(work) if w.end == len(w.seq.tokens)]
                 logits = logits[:len(sampled)] if sampled == list(range(len(sampled))) else \
-                    logits.index_select(0, torch.tensor(sampled, device=dev))
+                    logits.index_select(0, self._rows(sampled, logits))
             else:
                 batch, sampled = self.packer.mixed(work, dev)
                 logits = self.model.forward(batch_step(batch, self.block_size, self.step_mm, self.attn, self.prompt_mm))
@@ -471,12 +471,13 @@ class BatchEngine:
         other = [i for i, s in enumerate(seqs) if not s.data.greedy]
         out = [0] * len(seqs)
         if greedy:
-            sel = logits if len(greedy) == len(seqs) else logits[greedy]
+            sel = logits if len(greedy) == len(seqs) else logits.index_select(0, self._rows(greedy, logits))
             picked = self._greedy_tokens([seqs[i] for i in greedy], sel)
         on_dev = [i for i in other if seqs[i].data.device_draw] if self.device_sampling else []
         if on_dev:
             lives = [seqs[i].data for i in on_dev]
-            drawn = sample_rows(logits[on_dev], [lv.req.sampling for lv in lives],
+            drawn = sample_rows(logits.index_select(0, self._rows(on_dev, logits)),
+                                [lv.req.sampling for lv in lives],
                                 [row_key(lv.sampler.seed, len(lv.out)) for lv in lives])
             for i, t in zip(on_dev, drawn):
                 out[i] = t
@@ -490,6 +491,11 @@ class BatchEngine:
             for i, t in zip(greedy, picked.tolist()):
                 out[i] = t
         return out
+
+    @staticmethod
+    def _rows(rows: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Row indices for ``logits.index_select`` (not a list index: that copy would wait for the step)."""
+        return upload(torch.tensor(rows, dtype=torch.long), logits.device)
 
     def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """The plain-greedy sequences' next tokens (argmax of their rows), on the device."""

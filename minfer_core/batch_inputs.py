@@ -14,6 +14,15 @@ from .batch_forward import Batch, bucket
 from .scheduler import Sequence, Work
 
 
+def upload(host: torch.Tensor, dev) -> torch.Tensor:
+    """``host`` (a CPU tensor) on ``dev`` without making the host wait for the device: through
+    pinned memory, non-blocking, on a GPU (a copy from pageable memory waits for every launch queued
+    before it)."""
+    if torch.device(dev).type != "cuda":
+        return host.to(dev)
+    return host.pin_memory().to(dev, non_blocking=True)
+
+
 class StepPacker:
     def __init__(self, block_size: int, scratch: int, max_blocks: int):
         self.block_size, self.scratch, self.max_blocks = block_size, scratch, max_blocks

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .batch_inputs import upload
 from .sampling import SamplerConfig
 
 CANDIDATES = 1024
@@ -49,12 +50,13 @@ def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def _tile(x: torch.Tensor, cfgs: list[SamplerConfig], keys: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _tile(x: torch.Tensor, knobs: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and host flags of one tile: ``knobs`` (TILE, 4) float64 and ``keys`` (TILE,) int64 on
+    ``x``'s device (see :func:`_knobs`)."""
     r, vocab = x.shape
     dev = x.device
     c = min(CANDIDATES, vocab)
-    knobs = torch.tensor([[cf.top_k, cf.top_p, cf.min_p, 1.0 / cf.temp] for cf in cfgs], dtype=torch.float64)
-    k, top_p, min_p, inv_t = knobs.to(dev).T  # one copy; top_k exact in float64
+    k, top_p, min_p, inv_t = knobs.T  # top_k exact in float64
     k = k.long()
     top_p, min_p, inv_t = top_p.float(), min_p.float(), inv_t.float()
     m = x.max(dim=1).values
@@ -72,24 +74,38 @@ def _tile(x: torch.Tensor, cfgs: list[SamplerConfig], keys: list[int]) -> tuple[
     cut = (top_p < 1.0) | ((k > 0) & (k <= c))
     floor = torch.where(cut, vals.gather(1, (kept - 1).clamp(min=0)[:, None])[:, 0], float("-inf"))
     keep = (x >= floor[:, None]) & (w >= min_p[:, None])  # min-p: p >= min_p * p_max
-    score = torch.where(keep, (x - m[:, None]) * inv_t[:, None] + gumbel(torch.tensor(keys, device=dev), vocab),
+    score = torch.where(keep, (x - m[:, None]) * inv_t[:, None] + gumbel(keys, vocab),
                         float("-inf"))
     token = score.argmax(dim=1)
     open_nucleus = (top_p < 1.0) & ((k == 0) | (k > c)) & (kept == c) & (before[:, -1] < mass)
     return token, open_nucleus | (k > c)
 
 
+def _knobs(cfgs: list[SamplerConfig], keys: list[int], dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's (top_k, top_p, min_p, 1 / temperature) as float64 (R, 4) and noise key as int64
+    (R,) on ``dev``, padded to whole tiles (a tile's padding rows take its first row's config and
+    key 0), in one copy each that does not wait for the device (else the host would wait for the
+    step's forward before every tile)."""
+    rows, noise = [], []
+    for t0 in range(0, len(cfgs), TILE):
+        tile = cfgs[t0:t0 + TILE]
+        pad = TILE - len(tile)
+        rows += [[cf.top_k, cf.top_p, cf.min_p, 1.0 / cf.temp] for cf in tile + [tile[0]] * pad]
+        noise += keys[t0:t0 + TILE] + [0] * pad
+    return upload(torch.tensor(rows, dtype=torch.float64), dev), upload(torch.tensor(noise, dtype=torch.int64), dev)
+
+
 def sample_rows(logits: torch.Tensor, cfgs: list[SamplerConfig], keys: list[int]) -> list:
     """The next token of each row of ``logits`` (n, vocab) under its config (temperature > 0) and
     noise key (:func:`row_key`), or ``None`` where the host must sample it."""
+    knobs, noise = _knobs(cfgs, keys, logits.device)
     tokens, host = [], []
     for t0 in range(0, logits.shape[0], TILE):
         x = logits[t0:t0 + TILE].float()
         n = x.shape[0]
         if n < TILE:  # padding rows: copies of the first, never read
             x = torch.cat([x, x[:1].expand(TILE - n, -1)])
-        pad = [cfgs[t0]] * (TILE - n)
-        t, h = _tile(x, cfgs[t0:t0 + n] + pad, keys[t0:t0 + n] + [0] * (TILE - n))
+        t, h = _tile(x, knobs[t0:t0 + TILE], noise[t0:t0 + TILE])
         tokens.append(t[:n])
         host.append(h[:n])
     both = torch.stack([torch.cat(tokens), torch.cat(host).long()]).tolist()  # one read-back
