@@ -205,27 +205,25 @@ class Engine:
         n = min(n, len(ids) - 1)  # re-run at least one token to get its logits
         self.cached = list(ids[:n])
         self.last_prefill = len(ids) - n  # tokens actually run (the rest came from the cache)
-        if all_logits:
-            logits = self.model.prompt(torch.tensor(ids[n:], dtype=torch.long, device=self.device), n, all_logits=True)
-        else:
-            logits = self.run_prompt(ids[n:], n)
+        logits = self.run_prompt(ids[n:], n, all_logits=all_logits)
         self.cached = list(ids)
         return logits
 
-    def run_prompt(self, tokens: Sequence[int], start: int, max_rows: Optional[int] = None) -> torch.Tensor:
+    def run_prompt(self, tokens: Sequence[int], start: int, max_rows: Optional[int] = None,
+                   all_logits: bool = False) -> torch.Tensor:
         """Run ``tokens`` at positions ``start ..`` (their K/V written to those rows of the cache);
-        logits ``(1, vocab)`` of the last. From position 0 a plugin's prefill graph runs them padded to
-        :func:`prompt_bucket` rows, writing K/V rows past the prompt too: only when those rows end
-        within ``max_rows`` (default: the context)."""
+        logits ``(1, vocab)`` of the last (of every token with ``all_logits``). From position 0 a
+        plugin's prefill graph runs them padded to :func:`prompt_bucket` rows, writing K/V rows past
+        the prompt too: only when those rows end within ``max_rows`` (default: the context)."""
         new = torch.tensor(tokens, dtype=torch.long, device=self.device)
         padded = prompt_bucket(len(new))
-        if (self.prefill_step is not None and start == 0 and len(new) >= PREFILL_ROWS
+        if (self.prefill_step is not None and not all_logits and start == 0 and len(new) >= PREFILL_ROWS
                 and padded <= min(self.model.n_ctx, max_rows or self.model.n_ctx)):
             padded_tokens = torch.zeros(padded, dtype=torch.long, device=self.device)
             padded_tokens[:len(new)] = new
             last = torch.tensor([len(new) - 1], dtype=torch.long, device=self.device)
             return self.prefill_step(padded_tokens, last)
-        return self.model.prompt(new, start)
+        return self.model.prompt(new, start, all_logits)
 
     def decode(self, token: int) -> torch.Tensor:
         """Feed one token at the next position; logits (vocab,)."""
