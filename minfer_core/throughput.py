@@ -117,15 +117,23 @@ class BatchedResult:
 def run_batched(be, pp: int, tg: int, b: int, seed: int = 0) -> BatchedResult:
     """``b`` sequences of ``pp`` random prompt tokens, all prefilled in one step (as
     llama-batched-bench does), then ``tg`` greedy tokens each, one decode step per token.
-    T_PP ends when every prompt has its first token; T_TG is the decode steps after that."""
+    T_PP ends when every prompt has its first token; T_TG is the decode steps after that. A request
+    that ends without all its tokens (an error in a step) raises: no figure from a failed run."""
     from .batch_engine import Request
     from .sampling import SamplerConfig
 
     engine = be.engine
     first: set[str] = set()
+    ends: list = []
+
+    def on_event(e) -> None:
+        first.add(e.request_id)
+        if e.finished:
+            ends.append(e)
+
     be.sched.step_tokens = max(b * pp, be.sched.segment)
     reqs = [Request(_random_ids(engine, pp, seed + i), tg + 1, SamplerConfig(temp=0), ignore_eos=True,
-                    on_event=lambda e: first.add(e.request_id)) for i in range(b)]
+                    on_event=on_event) for i in range(b)]
     _sync(engine)
     t0 = time.perf_counter()
     for r in reqs:
@@ -137,7 +145,12 @@ def run_batched(be, pp: int, tg: int, b: int, seed: int = 0) -> BatchedResult:
     while be.step():
         pass
     _sync(engine)
-    return BatchedResult(pp, tg, b, t1 - t0, time.perf_counter() - t1)
+    t2 = time.perf_counter()
+    bad = [e for e in ends if e.finish_reason != "length" or e.completion_tokens != tg + 1]
+    if bad or len(ends) != b:
+        raise RuntimeError(f"batched run failed: {len(ends)} of {b} requests ended, "
+                           f"{len(bad)} without their {tg + 1} tokens (first: {bad[0].error if bad else None})")
+    return BatchedResult(pp, tg, b, t1 - t0, t2 - t1)
 
 
 def batched_table(rows: list[BatchedResult]) -> str:

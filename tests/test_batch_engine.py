@@ -580,3 +580,20 @@ def test_soak_solo_engine_chains_of_requests(engine):
         assert got.tokens == want
         check_books(be)
     assert be.solo_fallbacks == 0 and be.pool.hits > 0
+
+
+def test_batched_bench_raises_when_a_step_fails(engine, monkeypatch):
+    """`minfer bench --batch` reports no figure from a run whose requests ended in an error."""
+    from minfer_core.throughput import run_batched
+
+    be = batch(engine, parallel=4)
+    assert run_batched(be, 8, 4, 4).t_tg > 0  # the same run, healthy
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    be = batch(engine, parallel=4)
+    monkeypatch.setattr(be.model, "forward", boom)
+    monkeypatch.setattr(be, "_decode_step", boom)
+    with pytest.raises(RuntimeError, match="batched run failed: 4 of 4 requests ended, 4 without"):
+        run_batched(be, 8, 4, 4)
