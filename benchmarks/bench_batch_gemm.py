@@ -8,6 +8,9 @@ the batched engine runs without them) and, at one row, the single-stream decode 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
 tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
 its q4_K scales loaded a step ahead and not. ``--q6``: the 7B's q6_K weights instead.
+``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
+fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
+the two products relative to the largest |value|.
 
 Times are GPU times per call: a CUDA graph of as many calls as there are weight copies (each call
 reads the next copy, so that no weight stays in L2), replayed and timed with events (the host's
@@ -67,8 +70,11 @@ def main() -> None:
     ap.add_argument("--q6", action="store_true", help="the q6_K weights (down of half the layers, output head)")
     ap.add_argument("--fused-ahead", action="store_true",
                     help="--fused: each tile with its q4_K scales loaded in their step and a step ahead")
+    ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
+    if args.decode:
+        return decode_ab(rows)
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
     fused = [tuple(int(v) for v in c.split(",")) for c in args.fused]
     aheads = [int(v) for v in args.ahead.split(",")] if args.ahead else [None]
@@ -109,6 +115,31 @@ def main() -> None:
                          for p in ps}
                 row(m, "decode GEMV (mma)", lambda p: gemvs[id(p)](x))
         del ps, dps
+        torch.cuda.empty_cache()
+
+
+def decode_ab(rows: list[int]) -> None:
+    """``--decode``: the fused GEMM (each row count's default tile) and the expansion, q4_K decoded
+    in bf16x2 against float32, us a call."""
+    print("| weight | rows | kernel | float32 decode us | bf16x2 decode us | ratio | max diff / max |\n"
+          "|---|---:|---|---:|---:|---:|---:|")
+    for name, (n, k) in SHAPES_7B.items():
+        copies = max(2, int(200e6 // (n * k * 0.5625)) + 1)
+        ps = [planes.build_q4k(random_raw(QT.Q4_K, n, k, "cuda", seed=i), k) for i in range(copies)]
+
+        def line(m, label, fn):
+            us = [graph_us([lambda p=p, f=f: fn(p, f) for p in ps]) for f in (False, True)]
+            a, b = fn(ps[0], False).float(), fn(ps[0], True).float()
+            diff = ((a - b).abs().max() / a.abs().max()).item()
+            print(f"| {name} {n}x{k} | {m} | {label} | {us[0]:.1f} | {us[1]:.1f} | {us[1] / us[0]:.2f} | {diff:.1e} |",
+                  flush=True)
+
+        for m in rows:
+            am = torch.randn(m, k, device="cuda").bfloat16()
+            line(m, f"fused {tiles.fused_gemm_tile(m, QT.Q4_K)}", lambda p, f: gemm_fused(am, p, None, packed=f))
+        out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+        line(n, "expansion", lambda p, f: dequant_plane(p, k, out, packed=f))
+        del ps
         torch.cuda.empty_cache()
 
 

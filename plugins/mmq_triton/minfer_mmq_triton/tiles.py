@@ -76,6 +76,12 @@ FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3), 128: (128, 128, 8, 3)}
 #: q6_K's scales (or whole fields) loaded ahead lost at most shapes (output head at 128 rows 761 ->
 #: 819 us, down at 64 rows 104.5 -> 120.7; won only at 32 rows: down 104.2 -> 93.8), so q6_K never does.
 FUSED_AHEAD_ROWS = 32
+#: On the GPU the fused GEMM decodes q4_K in bf16x2 arithmetic (``gemm_planes._q4k_values_bf16``)
+#: rather than float32 from BF16_DECODE_ROWS-row tiles (H200, 7B shapes, us a call, float32 ->
+#: bf16x2, ``bench_batch_gemm.py --decode``: gate|up 125.3 -> 118.1 at 32 rows, 91.3 -> 83.8 at 64,
+#: qkv 25.0 -> 21.8 at 64, down 71.4 -> 66.5 at 128; at 16 rows it loses, gate|up 72.2 -> 81.4). The
+#: plane expansion keeps float32: bf16x2 is no faster there (memory bound, gate|up 112.1 vs 112.3).
+BF16_DECODE_ROWS = 32
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
 FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT = 264, 4, 16
@@ -111,6 +117,11 @@ def fused_split(n: int, spans: int, bn: int) -> int:
 def fused_ahead(block_m: int) -> bool:
     """Whether the fused plane GEMM at ``BLOCK_M = block_m`` loads a q4_K span's scales a step early."""
     return block_m >= FUSED_AHEAD_ROWS
+
+
+def fused_bf16_decode(block_m: int) -> bool:
+    """Whether the fused plane GEMM at ``BLOCK_M = block_m`` decodes q4_K in bf16x2 arithmetic (GPU)."""
+    return block_m >= BF16_DECODE_ROWS
 
 
 def fused_gemm_tile(m: int, qtype: QT) -> tuple[int, int, int, int]:

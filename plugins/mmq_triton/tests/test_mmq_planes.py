@@ -84,3 +84,26 @@ def test_dequant_plane_kernel(qt, k):
     part = torch.full((7, k), float("nan"), dtype=torch.bfloat16, device=dev)
     gemm_planes.dequant_plane(p, k, part, 30, 37)
     assert torch.equal(part, out[30:37])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("large", [False, True])
+def test_q4k_bf16_decode_against_the_oracle(large):
+    """q4_K decoded in bf16x2 arithmetic (the fused GEMM from 32-row tiles; the expansion on
+    request) against gguf's dequantizer, with the float32 decode's bounds: the scale and min are
+    rounded to bf16 before the packed fma, so each value carries up to two bf16 roundings; ``large``:
+    ``d * sc`` beyond float16's range, which bf16 still holds."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill import gemm_planes
+    from minfer_mmq_triton.synth import random_raw
+
+    n, k = 40, 768
+    raw = random_raw(QT.Q4_K, n, k, "cpu", seed=9)
+    if large:
+        raw[::3, 0:2] = torch.tensor([60000.0], dtype=torch.float16).view(torch.uint8)
+        raw[::3, 4:16] = 0x3F
+    raw = raw.cuda()
+    out = torch.full((n, k), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_planes.dequant_plane(planes.build_q4k(raw, k), k, out, packed=True)
+    fro, mx = rel_err(out, oracle(raw, QT.Q4_K, k))
+    assert fro < 6e-3 and mx < 1e-2, (fro, mx)

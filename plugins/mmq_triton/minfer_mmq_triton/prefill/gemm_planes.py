@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..q4_k.plane import Q4KPlane
 from ..launch.split import shared_scratch
+from .. import tiles
 from ..tiles import DEQUANT_TILES, fused_ahead, fused_gemm_tile, fused_split
 
 
@@ -60,16 +61,19 @@ def _q4k_scales(sc_ptr, dm_ptr, r, m3, stride_sc, stride_dm, t):
 
 
 @triton.jit
-def _q4k_nibbles(qs_ptr, r, m3, stride_qs, t, RUN: tl.constexpr = 32):
+def _q4k_nibbles(qs_ptr, r, m3, stride_qs, t, RUN: tl.constexpr = 32, WIDEN: tl.constexpr = True):
     """Span ``t``'s bytes of rows ``r`` as int32 ``[BN, 2, 32]``: element ``[r, j, l]`` holds values
     ``128t + 32j + l`` (low nibble) and ``128t + 64 + 32j + l`` (high). Offsets are built by
     multiplication so the compiler sees 64-byte aligned, contiguous rows (16-byte loads); ``RUN =
     8``: contiguous in runs of 8 bytes only, so that a thread's bytes are as many as the values of
-    one 16-byte bf16 store."""
+    one 16-byte bf16 store. ``WIDEN=False``: the bytes as loaded (uint8)."""
     j = tl.arange(0, 2)[None, :, None]
     i = tl.arange(0, 32)
     l = ((i // RUN) * RUN + i % RUN)[None, None, :]
-    return tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0).to(tl.int32)
+    b = tl.load(qs_ptr + r * stride_qs + t * 64 + j * 32 + l, mask=m3, other=0)
+    if WIDEN:
+        b = b.to(tl.int32)
+    return b
 
 
 @triton.jit
@@ -80,15 +84,58 @@ def _q4k_values(b, scales):
     return _small_int(b & 0xF) * s0 - m0, _small_int(b >> 4) * s1 - m1
 
 
+# PTX for four bytes of q4_K nibbles (one 32-bit register, ``pack=4``) -> their low-nibble values
+# ($0, $1) and high-nibble values ($2, $3) as bf16x2, ``w = q s - m`` with bf16 arithmetic: two
+# bytes' nibbles are moved to the halves of a word (prmt), masked into the mantissa of 128.0 (the
+# bf16 128 + q, exact), 128 is subtracted (exact) and one packed fma applies the sub-block's scale
+# and negated min (bf16x2 pairs: $5/$9 for bytes 0-1, $7/$11 for bytes 2-3; $13.. for the high
+# nibbles). Two instructions a value, against ~6 for the float32 decode with a bf16 conversion.
+_Q4K_BF16 = tl.constexpr("{\n.reg .b32 t<2>, u;\n" + "prmt.b32 t0, $4, 0, 0x4140;\nprmt.b32 t1, $4, 0, 0x4342;\n" + "".join(
+    (f"shr.b32 t{i % 2}, t{i % 2}, 4;\n" if i >= 2 else "")
+    + f"and.b32 u, t{i % 2}, 0x000F000F;\nor.b32 u, u, $21;\nsub.rn.bf16x2 u, u, $21;\n"
+    f"fma.rn.bf16x2 ${i}, u, ${5 + 8 * (i // 2) + 2 * (i % 2)}, ${9 + 8 * (i // 2) + 2 * (i % 2)};\n"
+    for i in range(4)) + "}")
+_Q4K_BF16_ARGS = tl.constexpr("=r,=r,=r,=r,r," + ",".join(["r"] * 20))
+
+
 @triton.jit
-def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN: tl.constexpr = 32):
+def _bf16_pair(x):
+    """float32 ``x`` rounded to bfloat16, in both halves of an int32 (a bf16x2 operand)."""
+    h = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return h | (h << 16)
+
+
+@triton.jit
+def _q4k_values_bf16(b, scales, magic):
+    """Bytes ``b`` (uint8 ``[BN, 2, 32]``, :func:`_q4k_nibbles` before widening) and their span's
+    ``scales`` -> bf16 tiles (low, high nibbles) decoded in bf16 arithmetic (``_Q4K_BF16``): the
+    scale and min are rounded to bf16 first, so a value can differ from :func:`_q4k_values`'s in
+    its last bit or two (well inside the bf16 tolerance of the tests). A pack of four bytes shares
+    its scales: a thread holds runs of its 32-value sub-block (the 16-byte loads)."""
+    s0, m0, s1, m1 = scales
+    return tl.inline_asm_elementwise(
+        _Q4K_BF16, _Q4K_BF16_ARGS,
+        [b, tl.broadcast(_bf16_pair(s0), b)[0], tl.broadcast(_bf16_pair(-m0), b)[0],
+         tl.broadcast(_bf16_pair(s1), b)[0], tl.broadcast(_bf16_pair(-m1), b)[0], tl.broadcast(magic, b)[0]],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN: tl.constexpr = 32,
+              PACKED: tl.constexpr = False, magic=0):
     """Span ``t`` (values ``128t .. 128t+127``) of rows ``rn`` as two float32 tiles ``[BN, 2, 32]``:
     tile ``h`` (0: low nibbles, 1: high nibbles) element ``[r, j, l]`` is value ``128t + 64h + 32j +
-    l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin`` at block ``t // 2``."""
+    l``, whose scale/min live at sub-block ``4t + 2h + j`` and ``d``/``dmin`` at block ``t // 2``.
+    ``PACKED``: bf16 tiles from :func:`_q4k_values_bf16` (``magic``: its bf16 128.0 pair)."""
     r = rn[:, None, None]
     m3 = mask_n[:, None, None]
-    b = _q4k_nibbles(qs_ptr, r, m3, stride_qs, t, RUN)
-    return _q4k_values(b, _q4k_scales(sc_ptr, dm_ptr, r, m3, stride_sc, stride_dm, t))
+    b = _q4k_nibbles(qs_ptr, r, m3, stride_qs, t, RUN, WIDEN=not PACKED)
+    scales = _q4k_scales(sc_ptr, dm_ptr, r, m3, stride_sc, stride_dm, t)
+    if PACKED:
+        w = _q4k_values_bf16(b, scales, magic)
+    else:
+        w = _q4k_values(b, scales)
+    return w
 
 
 @triton.jit
@@ -174,12 +221,14 @@ def _dequant_q4k_kernel(
     # strides (elements)
     stride_qs, stride_sc, stride_dm, stride_out,
     # meta
-    BLOCK_N: tl.constexpr, SPANS: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPANS: tl.constexpr, PACKED: tl.constexpr,
 ):
     """Planes of ``N`` rows -> bf16 ``out (N, K)``; program ``(pn, pk)`` writes rows
     ``pn*BLOCK_N ..`` x values ``pk*128*SPANS .. +128*SPANS`` (SPANS even), reading two spans before
     it writes them. A thread's bytes come in runs of 8 (``RUN``), the values of one 16-byte store
-    per nibble: the loads and stores share a layout, and no value goes through shared memory."""
+    per nibble: the loads and stores share a layout, and no value goes through shared memory.
+    ``PACKED``: decode in bf16x2 arithmetic (:func:`_q4k_values_bf16`)."""
+    magic = tl.where(N > 0, 0x43004300, 0)  # see _gemm_planes_kernel
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
     m3 = mask_n[:, None, None]
@@ -188,8 +237,9 @@ def _dequant_q4k_kernel(
     dst = out_ptr + rn[:, None, None] * stride_out + j * 32 + ((i // 8) * 8 + i % 8)[None, None, :]
     for s in tl.static_range(0, SPANS, 2):
         t = tl.program_id(1) * SPANS + s
-        a_lo, a_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, RUN=8)
-        b_lo, b_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t + 1, RUN=8)
+        a_lo, a_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t, 8, PACKED, magic)
+        b_lo, b_hi = _q4k_span(qs_ptr, sc_ptr, dm_ptr, rn, mask_n, stride_qs, stride_sc, stride_dm, t + 1, 8, PACKED,
+                               magic)
         tl.store(dst + t * 128, a_lo.to(tl.bfloat16), mask=m3)
         tl.store(dst + t * 128 + 64, a_hi.to(tl.bfloat16), mask=m3)
         tl.store(dst + t * 128 + 128, b_lo.to(tl.bfloat16), mask=m3)
@@ -223,8 +273,9 @@ def _dequant_q6k_kernel(
 
 
 def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None = None,
-                  config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """Rows ``r0:r1`` of a plane -> ``out`` bf16 ``(r1 - r0, K)`` (contiguous rows)."""
+                  config: tuple[int, int, int] | None = None, packed: bool | None = None) -> torch.Tensor:
+    """Rows ``r0:r1`` of a plane -> ``out`` bf16 ``(r1 - r0, K)`` (contiguous rows); ``packed`` (q4_K,
+    GPU): decode in bf16x2 arithmetic (no faster here, so not by default; ``tiles.BF16_DECODE_ROWS``)."""
     r1 = plane_rows(plane) if r1 is None else r1
     n = r1 - r0
     assert out.dtype == torch.bfloat16 and out.shape == (n, k) and out.stride(1) == 1 and k % 256 == 0
@@ -236,7 +287,8 @@ def dequant_plane(plane, k: int, out: torch.Tensor, r0: int = 0, r1: int | None 
         qs, sc, dm = plane.qs[r0:r1], sc[r0:r1], dm[r0:r1]
         grid = (triton.cdiv(n, bn), k // (128 * spans))
         _dequant_q4k_kernel[grid](qs, sc, dm, out, n, qs.stride(0), sc.stride(0), dm.stride(0), out.stride(0),
-                                  BLOCK_N=bn, SPANS=spans, num_warps=warps)
+                                  BLOCK_N=bn, SPANS=spans, num_warps=warps,
+                                  PACKED=out.is_cuda and bool(packed))
     else:
         bn, _, warps = config or DEQUANT_TILES["q6_k"]
         ql, qh, sc = plane.ql[r0:r1], plane.qh[r0:r1], plane.sc[r0:r1]
@@ -278,7 +330,7 @@ def _gemm_planes_kernel(
     # meta
     WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-    AHEAD: tl.constexpr,
+    AHEAD: tl.constexpr, PACKED: tl.constexpr,
 ):
     """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
 
@@ -287,7 +339,8 @@ def _gemm_planes_kernel(
     behind a step of arithmetic (the same bits either way). Grid
     (output tiles, SPLIT): split ``s`` sums its share of the spans; with SPLIT > 1 the partial
     tiles meet in ``part`` and the program that arrives last adds them in the order s = 0, 1, ...
-    (the same bits whichever finished last; see ``launch.split``).
+    (the same bits whichever finished last; see ``launch.split``). PACKED (q4_K, GPU only): decode
+    in bf16x2 arithmetic (:func:`_q4k_values_bf16`) rather than float32.
     """
     pid = tl.program_id(0)
     s_id = tl.program_id(1)
@@ -315,14 +368,19 @@ def _gemm_planes_kernel(
     if WTYPE == 0:
         if AHEAD:  # a split past the end loads the last span, which it does not use
             nxt = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, tl.minimum(lo, spans - 1))
+        if PACKED:  # bf16 128.0 twice, in a register the compiler keeps (it cannot fold K)
+            magic = tl.where(K > 0, 0x43004300, 0)
         for t in range(lo, hi):
-            b = _q4k_nibbles(p0_ptr, r3, m3, stride_p0, t)
+            b = _q4k_nibbles(p0_ptr, r3, m3, stride_p0, t, WIDEN=not PACKED)
             if AHEAD:
                 scales = nxt
                 nxt = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, tl.minimum(t + 1, hi - 1))
             else:
                 scales = _q4k_scales(p1_ptr, p2_ptr, r3, m3, stride_p1, stride_p2, t)
-            w_lo, w_hi = _q4k_values(b, scales)
+            if PACKED:
+                w_lo, w_hi = _q4k_values_bf16(b, scales, magic)
+            else:
+                w_lo, w_hi = _q4k_values(b, scales)
             a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
             a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
             acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
@@ -363,14 +421,15 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
 
 
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
-               ahead: bool | None = None) -> torch.Tensor:
+               ahead: bool | None = None, packed: bool | None = None) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
     bucket's tile for the plane's type (``tiles.fused_gemm_tile``) and the split
     ``tiles.fused_split`` picks from the weight's shape alone, so a row's result never depends on
     how many rows came with it. ``ahead`` (q4_K): load each span's scales a step early (default
-    ``tiles.fused_ahead``); it changes no bit of the result.
+    ``tiles.fused_ahead``); it changes no bit of the result. ``packed`` (q4_K on the GPU): decode in
+    bf16x2 arithmetic (default ``tiles.fused_bf16_decode``; the CPU interpreter always decodes in float32).
     """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
@@ -385,6 +444,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
+    packed = wtype == 0 and a.is_cuda and (tiles.fused_bf16_decode(bm) if packed is None else packed)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
@@ -395,6 +455,6 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, num_warps=warps, num_stages=stages,
     )
     return c
