@@ -58,7 +58,10 @@ async def level(url: str, concurrency: int, n_requests: int, max_tokens: int, pr
 
     async def worker(client):
         for _ in todo:
-            totals.append(await one(client, body, ttfts, itls))
+            got = await one(client, body, ttfts, itls)
+            if got != max_tokens:  # ignore_eos: anything else is a failed request, not a figure
+                raise RuntimeError(f"a request returned {got} of its {max_tokens} tokens")
+            totals.append(got)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(600.0)) as client:
         await one(client, dict(body, max_tokens=4), [], [])  # warm-up

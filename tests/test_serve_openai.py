@@ -221,3 +221,19 @@ def test_sampler_mapping():
     s = CompletionRequest(prompt="x", temperature=0.5, top_p=0.8, top_k=7, min_p=0.1, seed=3).sampler()
     assert s == SamplerConfig(temp=0.5, top_k=7, top_p=0.8, min_p=0.1, repeat_penalty=1.0, seed=3)
     assert CompletionRequest(prompt="x", top_p=0).sampler().greedy
+
+
+def test_loadgen_against_the_server(server, capsys):
+    """benchmarks/loadgen.py runs its levels against a live server and prints one row each, with
+    every request's tokens counted from its usage chunk."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "loadgen.py"
+    spec = importlib.util.spec_from_file_location("loadgen", path)
+    loadgen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loadgen)
+    assert loadgen.main(["--url", server[0], "-c", "1,3", "-n", "5", "--requests", "6"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [(int(r[0]), int(r[1])) for r in rows[1:]] == [(1, 6), (3, 6)]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows[1:])
