@@ -234,6 +234,7 @@ def test_loadgen_against_the_server(server, capsys):
     loadgen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loadgen)
     assert loadgen.main(["--url", server[0], "-c", "1,3", "-n", "5", "--requests", "6"]) == 0
-    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split("|")[1:-1] for line in out if line.startswith("| ")]
     assert [(int(r[0]), int(r[1])) for r in rows[1:]] == [(1, 6), (3, 6)]
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows[1:])

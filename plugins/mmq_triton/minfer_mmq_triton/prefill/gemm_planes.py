@@ -90,7 +90,7 @@ def _q4k_values(b, scales):
 # bf16 128 + q, exact), 128 is subtracted (exact) and one packed fma applies the sub-block's scale
 # and negated min (bf16x2 pairs: $5/$9 for bytes 0-1, $7/$11 for bytes 2-3; $13.. for the high
 # nibbles). Two instructions a value, against ~6 for the float32 decode with a bf16 conversion.
-_Q4K_BF16 = tl.constexpr("{\n.reg .b32 t<2>, u;\n" + "prmt.b32 t0, $4, 0, 0x4140;\nprmt.b32 t1, $4, 0, 0x4342;\n" + "".join(
+_Q4K_BF16 = tl.constexpr("{\n.reg .b32 t<2>, u;\nprmt.b32 t0, $4, 0, 0x4140;\nprmt.b32 t1, $4, 0, 0x4342;\n" + "".join(
     (f"shr.b32 t{i % 2}, t{i % 2}, 4;\n" if i >= 2 else "")
     + f"and.b32 u, t{i % 2}, 0x000F000F;\nor.b32 u, u, $21;\nsub.rn.bf16x2 u, u, $21;\n"
     f"fma.rn.bf16x2 ${i}, u, ${5 + 8 * (i // 2) + 2 * (i % 2)}, ${9 + 8 * (i // 2) + 2 * (i % 2)};\n"
