@@ -7,7 +7,8 @@ the batched engine runs without them) and, at one row, the single-stream decode 
 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
 tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
-its q4_K scales loaded a step ahead and not. ``--q6``: the 7B's q6_K weights instead.
+its q4_K scales loaded a step ahead and not; ``--fused-swap``: each with the weight tile as the MMA's
+A operand and the rows as its N, and not. ``--q6``: the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
 the two products relative to the largest |value|.
@@ -70,6 +71,8 @@ def main() -> None:
     ap.add_argument("--q6", action="store_true", help="the q6_K weights (down of half the layers, output head)")
     ap.add_argument("--fused-ahead", action="store_true",
                     help="--fused: each tile with its q4_K scales loaded in their step and a step ahead")
+    ap.add_argument("--fused-swap", action="store_true",
+                    help="--fused: each tile with the weight tile as the MMA's A operand (gemm_fused swap) and not")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -104,9 +107,10 @@ def main() -> None:
                 count = -(-m // tile)
                 row(m, f"fused x{count} ({tile}-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(count)])
             am = torch.randn(m, k, device="cuda").bfloat16()
-            for cfg, early in itertools.product(fused, (False, True) if args.fused_ahead else (None,)):
-                row(m, f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}"),
-                    lambda p: gemm_fused(am, p, None, cfg, ahead=early))
+            for cfg, early, swap in itertools.product(fused, (False, True) if args.fused_ahead else (None,),
+                                                      (False, True) if args.fused_swap else (False,)):
+                row(m, f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}")
+                    + (" swapped" if swap else ""), lambda p: gemm_fused(am, p, None, cfg, ahead=early, swap=swap))
             if fused and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))

@@ -1,7 +1,7 @@
 """Inner-loop size of mmq_triton kernels, compiled for sm_90 on any machine (no GPU needed).
 
     python benchmarks/sass_loop.py [--n 37888 --nt 28] [--configs 8,4,4 16,2,2 ...]
-    python benchmarks/sass_loop.py --fused [--configs 16,32,4 64,64,4 ...] [--q6] [--decode float32|bf16x2]
+    python benchmarks/sass_loop.py --fused [--configs 16,32,4 64,64,4 ...] [--q6] [--decode float32|bf16x2] [--swap]
 
 Default, the q4_K int8 decode GEMV: for each ``BN,S,num_warps`` (S = 128-value spans per step) the
 instructions in the main loop's body, its global loads and dp4a instructions, registers per thread,
@@ -65,7 +65,7 @@ def loop_body(sass: str) -> list[str]:
     return []
 
 
-def fused(configs: list[str], q6: bool, decode: str | None = None) -> None:
+def fused(configs: list[str], q6: bool, decode: str | None = None, swap: bool = False) -> None:
     """The fused plane GEMM's K-step loop per ``BLOCK_M,BLOCK_N,num_warps`` (q4_K, or q6_K)."""
     # q4_K: qs, sc | m (int16 a sub-block), d | dmin (int32 a block); q6_K: ql, qh, scales (float16)
     ptrs = {"a_ptr": "*bf16", "p0_ptr": "*u8", "p1_ptr": "*u8" if q6 else "*i16", "p2_ptr": "*fp16" if q6 else "*i32",
@@ -75,7 +75,8 @@ def fused(configs: list[str], q6: bool, decode: str | None = None) -> None:
         bm, bn, warps = (int(v) for v in cfg.split(","))
         consts = dict(WTYPE=int(q6), HAS_BIAS=False, DOT_F32=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=1,
                       AHEAD=not q6 and tiles.fused_ahead(bm),
-                      PACKED=not q6 and (tiles.fused_bf16_decode(bm) if decode is None else decode == "bf16x2"))
+                      PACKED=not q6 and (tiles.fused_bf16_decode(bm) if decode is None else decode == "bf16x2"),
+                      SWAP=swap)
         # the 7B's gate|up at a full row tile (K = 3584)
         sizes = dict(M=bm, N=37888, K=3584, stride_am=3584, stride_p0=1792, stride_p1=896 if q6 else 112,
                      stride_p2=224 if q6 else 14, stride_cm=37888)
@@ -86,7 +87,8 @@ def fused(configs: list[str], q6: bool, decode: str | None = None) -> None:
               f"per K step ({weights:.0f} weights a thread), {sum('LDG' in x for x in body)} LDG, "
               f"{sum('MMA' in x for x in body)} MMA, {regs} registers, {len(body) / weights:.1f} instructions per weight"
               + (" (scales a step ahead)" if consts["AHEAD"] else "")
-              + ("" if q6 else f", q4_K decoded in {'bf16x2' if consts['PACKED'] else 'float32'}"))
+              + ("" if q6 else f", q4_K decoded in {'bf16x2' if consts['PACKED'] else 'float32'}")
+              + f", {sum('HGMMA' in x for x in body)} of them wgmma" + (", swapped" if swap else ""))
 
 
 def main() -> None:
@@ -99,9 +101,10 @@ def main() -> None:
     ap.add_argument("--q6", action="store_true", help="with --fused: the q6_K kernel")
     ap.add_argument("--decode", choices=("float32", "bf16x2"), default=None,
                     help="with --fused: q4_K's decode (default: the tile's, tiles.fused_bf16_decode)")
+    ap.add_argument("--swap", action="store_true", help="with --fused: the weight tile as the MMA's A operand")
     args = ap.parse_args()
     if args.fused:
-        return fused(args.configs or ["16,32,4", "16,64,4", "64,64,4"], args.q6, args.decode)
+        return fused(args.configs or ["16,32,4", "16,64,4", "64,64,4"], args.q6, args.decode, args.swap)
     args.configs = args.configs or ["8,4,4", "16,2,2", "16,4,4", "32,4,4"]
     sizes = dict(N=args.n, NT=args.nt, stride_ym=args.n, stride_bm=args.n)
     for cfg in args.configs:

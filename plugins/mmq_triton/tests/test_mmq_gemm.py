@@ -110,6 +110,24 @@ def test_fused_split_k(qt):
             assert torch.equal(gemm_fused(a, plane, w.bias, (16, 16, 4, 2, split), ahead=True), y), split
 
 
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
+def test_fused_swapped_operands(qt):
+    """The fused GEMM with the weight tile as the MMA's A operand and the rows as its N: within the
+    oracle's bounds at several tiles and splits, and a row's bits independent of the rows beside it."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
+
+    n, k = 40, 1024 if qt == QT.Q4_K else 768
+    w = _weight(qt, n, k, seed=6)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    a = torch.randn(19, k, device=DEV).to(torch.bfloat16)
+    for cfg in ((16, 16, 4, 2, 1), (16, 32, 4, 2, 3), (32, 16, 4, 2, 2)):
+        y = gemm_fused(a, plane, w.bias, cfg, swap=True)
+        _check(y, a.float(), w, n)
+        alone = gemm_fused(a[5:6].contiguous(), plane, w.bias, cfg, swap=True)
+        assert torch.equal(alone[0], y[5]), cfg
+
+
 def test_jit_matmul_row_chunks(monkeypatch):
     """Weights above the scratch cap are expanded and multiplied in row chunks."""
     from minfer_mmq_triton.launch import scratch

@@ -308,14 +308,23 @@ def plane_rows(plane) -> int:
 
 
 @triton.jit
-def _mma(acc, a, w, DOT_F32: tl.constexpr):
-    """``acc += a @ w.T`` for a bf16 ``[BM, 64]`` and a float32 weight tile ``[BN, 64]``.
+def _mma(acc, a, w, DOT_F32: tl.constexpr, SWAP: tl.constexpr = False):
+    """``acc += a @ w.T`` for a bf16 ``[BM, 64]`` and a float32 weight tile ``[BN, 64]``; ``SWAP``:
+    ``acc.T += w @ a.T`` (``acc`` is ``[BN, BM]``: the weight tile is the MMA's A operand, the rows
+    its N).
 
     ``DOT_F32`` (CPU interpreter only, whose bf16 dot is unusable) multiplies in float32.
     """
-    if DOT_F32:
-        return tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-    return tl.dot(a, tl.trans(w.to(tl.bfloat16)), acc)
+    if SWAP:
+        if DOT_F32:
+            out = tl.dot(w.to(tl.float32), tl.trans(a.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            out = tl.dot(w.to(tl.bfloat16), tl.trans(a), acc)
+    elif DOT_F32:
+        out = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, tl.trans(w.to(tl.bfloat16)), acc)
+    return out
 
 
 @triton.jit
@@ -330,7 +339,7 @@ def _gemm_planes_kernel(
     # meta
     WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-    AHEAD: tl.constexpr, PACKED: tl.constexpr,
+    AHEAD: tl.constexpr, PACKED: tl.constexpr, SWAP: tl.constexpr = False,
 ):
     """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
 
@@ -358,7 +367,10 @@ def _gemm_planes_kernel(
     mask_n = rn < N
     rk = tl.arange(0, 64)
     a_row = a_ptr + rm[:, None] * stride_am + rk[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     spans = K // 128 if WTYPE == 0 else K // 256
     per = tl.cdiv(spans, SPLIT)
     lo = s_id * per
@@ -383,14 +395,16 @@ def _gemm_planes_kernel(
                 w_lo, w_hi = _q4k_values(b, scales)
             a0 = tl.load(a_row + t * 128, mask=mask_m[:, None], other=0.0)
             a1 = tl.load(a_row + t * 128 + 64, mask=mask_m[:, None], other=0.0)
-            acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32)
-            acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32)
+            acc = _mma(acc, a0, tl.reshape(w_lo, (BLOCK_N, 64)), DOT_F32, SWAP)
+            acc = _mma(acc, a1, tl.reshape(w_hi, (BLOCK_N, 64)), DOT_F32, SWAP)
     else:
         for t in range(lo, hi):
             for f in tl.static_range(4):
                 w = _q6k_run(p0_ptr, p1_ptr, p2_ptr, r3, m3, stride_p0, stride_p1, stride_p2, t, f)
                 a = tl.load(a_row + t * 256 + 64 * f, mask=mask_m[:, None], other=0.0)
-                acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32)
+                acc = _mma(acc, a, tl.reshape(w, (BLOCK_N, 64)), DOT_F32, SWAP)
+    if SWAP:
+        acc = tl.trans(acc)
     mask = mask_m[:, None] & mask_n[None, :]
     c = c_ptr + rm[:, None] * stride_cm + rn[None, :]
     if SPLIT == 1:
@@ -421,7 +435,7 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
 
 
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
-               ahead: bool | None = None, packed: bool | None = None) -> torch.Tensor:
+               ahead: bool | None = None, packed: bool | None = None, swap: bool = False) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
@@ -430,6 +444,9 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     how many rows came with it. ``ahead`` (q4_K): load each span's scales a step early (default
     ``tiles.fused_ahead``); it changes no bit of the result. ``packed`` (q4_K on the GPU): decode in
     bf16x2 arithmetic (default ``tiles.fused_bf16_decode``; the CPU interpreter always decodes in float32).
+    ``swap``: the weight tile as the MMA's A operand and the rows as its N (compiled for sm_90 this
+    puts 16- and 32-row tiles on wgmma, ``sass_loop.py --fused --swap``); not measured on the GPU
+    yet, so no route takes it (``bench_batch_gemm.py --fused ... --fused-swap`` measures it).
     """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
@@ -455,6 +472,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, SWAP=swap,
+        num_warps=warps, num_stages=stages,
     )
     return c
