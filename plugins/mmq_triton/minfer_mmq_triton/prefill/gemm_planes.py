@@ -14,7 +14,9 @@ the last program of a tile adds the partials in split order (``benchmarks/bench_
 and ``bench_batch_gemm.py --fused [--q6]`` measure both designs).
 
 Value decoding (shared by both): q4_K ``w = (d sc) q - (dmin m)`` with ``(sc, m)`` per 32 values
-and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values.
+and ``(d, dmin)`` per 256; q6_K ``w = sc * ((ql | qh << 4) - 32)`` with ``sc`` per 16 values. In
+float32, except the fused GEMM's q4_K tiles of ``tiles.BF16_DECODE_ROWS`` rows and more on the GPU,
+which decode in bf16x2 arithmetic (:func:`_q4k_values_bf16`).
 """
 
 from __future__ import annotations
