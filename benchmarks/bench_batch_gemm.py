@@ -8,7 +8,8 @@ the batched engine runs without them) and, at one row, the single-stream decode 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
 tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
 its q4_K scales loaded a step ahead and not; ``--fused-swap``: each with the weight tile as the MMA's
-A operand and the rows as its N, and not. ``--q6``: the 7B's q6_K weights instead.
+A operand and the rows as its N, and not; ``--fused-decode``: each with q4_K decoded in float32 and
+in bf16x2. ``--q6``: the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
 the two products relative to the largest |value|.
@@ -73,6 +74,8 @@ def main() -> None:
                     help="--fused: each tile with its q4_K scales loaded in their step and a step ahead")
     ap.add_argument("--fused-swap", action="store_true",
                     help="--fused: each tile with the weight tile as the MMA's A operand (gemm_fused swap) and not")
+    ap.add_argument("--fused-decode", action="store_true",
+                    help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed)")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -107,10 +110,14 @@ def main() -> None:
                 count = -(-m // tile)
                 row(m, f"fused x{count} ({tile}-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(count)])
             am = torch.randn(m, k, device="cuda").bfloat16()
-            for cfg, early, swap in itertools.product(fused, (False, True) if args.fused_ahead else (None,),
-                                                      (False, True) if args.fused_swap else (False,)):
-                row(m, f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}")
-                    + (" swapped" if swap else ""), lambda p: gemm_fused(am, p, None, cfg, ahead=early, swap=swap))
+            both = (False, True)
+            for cfg, early, swap, packed in itertools.product(
+                    fused, both if args.fused_ahead else (None,), both if args.fused_swap else (False,),
+                    both if args.fused_decode else (None,)):
+                label = (f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}")
+                         + (" swapped" if swap else "")
+                         + ("" if packed is None else " bf16x2" if packed else " float32"))
+                row(m, label, lambda p: gemm_fused(am, p, None, cfg, ahead=early, swap=swap, packed=packed))
             if fused and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
