@@ -218,11 +218,7 @@ class Transformer:
     def prompt(self, tokens: torch.Tensor, start: int, all_logits: bool = False) -> torch.Tensor:
         """Tokens (T,) at positions start..start+T-1 of the contiguous cache; logits (T or 1, vocab)."""
         T = tokens.shape[0]
-        if start + T > self.n_ctx:
-            raise ValueError(f"context full: {start + T} tokens > n_ctx {self.n_ctx}")
-        positions = torch.arange(start, start + T, device=tokens.device)
-        return self.forward(Step(tokens, positions, ContiguousPrompt(start), PromptMatmuls(self.rt),
-                                 None if all_logits else slice(T - 1, T)))
+        return self._contiguous_prompt(tokens, start, None if all_logits else slice(T - 1, T))
 
     def prefill_step(self, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Tokens (T,) from position 0; logits (1, vocab) of row ``last`` ((1,) int64, on the device).
@@ -231,11 +227,15 @@ class Transformer:
         a CUDA graph once and replayed for every prompt of that bucket (causal attention keeps the
         padding rows out of the real ones; their K/V rows are overwritten as the cache grows).
         """
+        return self._contiguous_prompt(tokens, 0, last)
+
+    def _contiguous_prompt(self, tokens: torch.Tensor, start: int, logit_rows) -> torch.Tensor:
+        """The forward of tokens (T,) at positions start..start+T-1 of the contiguous cache."""
         T = tokens.shape[0]
-        if T > self.n_ctx:
-            raise ValueError(f"context full: {T} tokens > n_ctx {self.n_ctx}")
-        positions = torch.arange(T, device=tokens.device)
-        return self.forward(Step(tokens, positions, ContiguousPrompt(0), PromptMatmuls(self.rt), last))
+        if start + T > self.n_ctx:
+            raise ValueError(f"context full: {start + T} tokens > n_ctx {self.n_ctx}")
+        positions = torch.arange(start, start + T, device=tokens.device)
+        return self.forward(Step(tokens, positions, ContiguousPrompt(start), PromptMatmuls(self.rt), logit_rows))
 
     def decode_step(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One token (1,) at position pos (1,) int64, both on the device; logits (1, vocab).

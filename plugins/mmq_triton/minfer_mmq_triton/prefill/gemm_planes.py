@@ -28,8 +28,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..q4_k.plane import Q4KPlane
 from ..launch.split import shared_scratch
-from .. import tiles
-from ..tiles import DEQUANT_TILES, fused_ahead, fused_gemm_tile, fused_split
+from ..tiles import DEQUANT_TILES, fused_ahead, fused_bf16_decode, fused_gemm_tile, fused_split
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,7 +462,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
-    packed = wtype == 0 and a.is_cuda and (tiles.fused_bf16_decode(bm) if packed is None else packed)
+    packed = wtype == 0 and a.is_cuda and (fused_bf16_decode(bm) if packed is None else packed)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
