@@ -3,12 +3,13 @@
 the batched engine runs without them) and, at one row, the single-stream decode GEMV.
 
     python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
-        [--fused BM,BN,W,S ...] [--fused-ahead] [--q6]
+        [--fused BM,BN,W,S ...] [--fused-ahead] [--fused-swap [only]] [--ready] [--q6]
 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
 tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
-its q4_K scales loaded a step ahead and not; ``--fused-swap``: each with the weight tile as the MMA's
-A operand and the rows as its N, and not; ``--fused-decode``: each with q4_K decoded in float32 and
+its q4_K scales loaded a step ahead and not; ``--fused-swap [only]``: each with the weight tile as the
+MMA's A operand and the rows as its N, and not (or that alone); ``--ready``: above 64 rows, cuBLAS on a
+ready bf16 copy too (``MINFER_MMQ=0``'s route); ``--fused-decode``: each with q4_K decoded in float32 and
 in bf16x2. ``--q6``: the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
@@ -29,6 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from minfer_mmq_triton import decode, planes, tiles
+from minfer_core.linalg import mm_f32
 from minfer_mmq_triton.launch.scratch import jit_matmul
 from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
@@ -72,8 +74,11 @@ def main() -> None:
     ap.add_argument("--q6", action="store_true", help="the q6_K weights (down of half the layers, output head)")
     ap.add_argument("--fused-ahead", action="store_true",
                     help="--fused: each tile with its q4_K scales loaded in their step and a step ahead")
-    ap.add_argument("--fused-swap", action="store_true",
-                    help="--fused: each tile with the weight tile as the MMA's A operand (gemm_fused swap) and not")
+    ap.add_argument("--fused-swap", nargs="?", const="both", choices=("both", "only"),
+                    help="--fused: each tile with the weight tile as the MMA's A operand (gemm_fused swap) and "
+                         "not; 'only': swapped alone")
+    ap.add_argument("--ready", action="store_true",
+                    help="above 64 rows: cuBLAS on a ready bf16 copy of the weight too (MINFER_MMQ=0's route)")
     ap.add_argument("--fused-decode", action="store_true",
                     help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed)")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
@@ -112,7 +117,7 @@ def main() -> None:
             am = torch.randn(m, k, device="cuda").bfloat16()
             both = (False, True)
             for cfg, early, swap, packed in itertools.product(
-                    fused, both if args.fused_ahead else (None,), both if args.fused_swap else (False,),
+                    fused, both if args.fused_ahead else (None,), {None: (False,), "both": both, "only": (True,)}[args.fused_swap],
                     both if args.fused_decode else (None,)):
                 label = (f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}")
                          + (" swapped" if swap else "")
@@ -121,6 +126,11 @@ def main() -> None:
             if fused and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
+            if args.ready and m > 64:
+                ready = {id(p): dequant_plane(p, k, torch.empty(n, k, dtype=torch.bfloat16, device="cuda"))
+                         for p in ps}
+                row(m, "cuBLAS on a ready bf16 weight", lambda p: mm_f32(am, ready[id(p)]))
+                del ready
             if m == 1:
                 gemvs = {id(p): decode.make_gemv(qt, dps[id(p)], None, n, k, config=tiles.mma_config(qt, n))
                          for p in ps}

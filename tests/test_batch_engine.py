@@ -472,7 +472,8 @@ def test_gpu_row_tile_under_64_rows_only_for_small_tile_kernels():
         fake = SimpleNamespace(rows=rows, model=SimpleNamespace(rt=SimpleNamespace(plan=plan)))
         return BatchEngine._gpu_row_tile(fake, parallel)
 
-    assert [tile(p, True, False) for p in (1, 2, 8, 16, 17, 64, 65, 128)] == [64, 16, 16, 16, 64, 64, 128, 128]
+    assert [tile(p, True, False) for p in (1, 2, 8, 16, 17, 32, 33, 64, 65, 128)] == [
+        64, 16, 16, 16, 32, 32, 64, 64, 128, 128]
     assert [tile(p, False, False) for p in (1, 8, 16, 64, 128)] == [64, 64, 64, 64, 128]  # b is tiled
     assert tile(8, False, True) == 16
 

@@ -23,9 +23,9 @@ def add_parser(sub):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0 = any free port)")
     p.add_argument("--parallel", "-np", type=int, default=8, metavar="N",
-                   help="sequences decoded together (default: 8); up to 32 the batched step uses the plugins' "
+                   help="sequences decoded together (default: 8); up to 8 the batched step uses the plugins' "
                         "row-invariant kernels, other weights run over fixed row tiles (on a GPU 16 rows up to "
-                        "16 sequences, 64 up to 64, 128 above); at 1 decode steps run the single-stream decode "
+                        "16 sequences, 32 up to 32, 64 up to 64, 128 above); at 1 decode steps run the single-stream decode "
                         "kernels")
     p.add_argument("--max-queue", type=int, default=256, metavar="Q",
                    help="requests waiting beyond --parallel before new ones get 429 (default: 256)")

@@ -436,18 +436,18 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
 
 
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
-               ahead: bool | None = None, packed: bool | None = None, swap: bool = False) -> torch.Tensor:
+               ahead: bool | None = None, packed: bool | None = None, swap: bool | None = None) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
-    bucket's tile for the plane's type (``tiles.fused_gemm_tile``) and the split
+    bucket's tile for the plane's type and height (``tiles.fused_gemm_tile``, with its ``swap``) and the split
     ``tiles.fused_split`` picks from the weight's shape alone, so a row's result never depends on
     how many rows came with it. ``ahead`` (q4_K): load each span's scales a step early (default
     ``tiles.fused_ahead``); it changes no bit of the result. ``packed`` (q4_K on the GPU): decode in
     bf16x2 arithmetic (default ``tiles.fused_bf16_decode``; the CPU interpreter always decodes in float32).
     ``swap``: the weight tile as the MMA's A operand and the rows as its N (compiled for sm_90 this
-    puts 16- and 32-row tiles on wgmma, ``sass_loop.py --fused --swap``); not measured on the GPU
-    yet, so no route takes it (``bench_batch_gemm.py --fused ... --fused-swap`` measures it).
+    puts 16- and 32-row tiles on wgmma, ``sass_loop.py --fused --swap``); by default the tile's, and
+    off for a given ``config``. Neither ``swap`` nor the split depends on how many rows share a tile.
     """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
@@ -458,7 +458,10 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     n = p0.shape[0]
     span = 128 if wtype == 0 else 256
     c = torch.empty(m, n, dtype=torch.float32, device=a.device)
-    bm, bn, warps, stages, *rest = config or fused_gemm_tile(m, QT.Q6_K if wtype else QT.Q4_K)
+    if config is None:
+        *config, tile_swap = fused_gemm_tile(m, QT.Q6_K if wtype else QT.Q4_K, n)
+        swap = tile_swap if swap is None else swap
+    bm, bn, warps, stages, *rest = config
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
@@ -473,7 +476,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, SWAP=swap,
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, SWAP=bool(swap),
         num_warps=warps, num_stages=stages,
     )
     return c
