@@ -10,7 +10,6 @@ pp512 and pp3314 have run, then after a 3 s pause, with the SM clock before each
 figure inherits from the tests before it. Part ``paged`` times the batched engine's paged
 attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count, BLOCK_S and
 the combine's dims a program and warps (random block tables, the model's head layout).
-``--variants``: tgN at each depth per set of the decode attention's options, a fresh load each.
 """
 
 from __future__ import annotations
@@ -113,37 +112,15 @@ def tg_at_depth(eng: Engine, n: int, depth: int, reps: int = 3) -> list[float]:
     return out
 
 
-def variants(model: str, sets: list[str], depths: list[int], n: int) -> None:
-    """tgN at each depth, one fresh load per set of decode attention options, then the first set again."""
-    from minfer_mmq_triton.ops import attention as A
-
-    base = dict(A.DEFAULTS)
-    print("| attention options | " + " | ".join(f"tg{n} @ d{d}" for d in depths) + " |")
-    print("|---|" + "---:|" * len(depths))
-    for opts in sets + sets[:1]:
-        A.DEFAULTS.update(base)
-        A.DEFAULTS.update({k: v == "1" for k, v in (kv.split("=") for kv in opts.split(",") if kv != "-")})
-        eng = Engine.load(model, progress=False, n_ctx=max(depths) + n + 64)
-        cells = [" / ".join(f"{x:.1f}" for x in tg_at_depth(eng, n, d)) for d in depths]
-        print(f"| {opts} | " + " | ".join(cells) + " |", flush=True)
-        del eng
-        torch.cuda.empty_cache()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--depths", default="0,1024,4096")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--parts", default="attention,depth,history", help="which parts to run")
-    ap.add_argument("--variants", nargs="*", default=[],
-                    help="depth part: a fresh load per set of decode attention options, e.g. fuse=0,prefetch=0 "
-                         "fuse=1 (ops.attention.DEFAULTS; '-' for the defaults)")
     a = ap.parse_args()
     parts = a.parts.split(",")
     depths = [int(x) for x in a.depths.split(",")]
-    if a.variants:
-        return variants(a.model, a.variants, depths, a.n)
     eng = Engine.load(a.model, progress=False, n_ctx=max(depths) + a.n + 64)
     if "attention" in parts:
         attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 8192], max(8192, eng.model.n_ctx))

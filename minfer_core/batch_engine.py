@@ -41,19 +41,19 @@ from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
 #: Engines serving at most this many sequences at once use the plan's row-invariant kernels. The
-#: 7B's q4_K rows GEMM beats the fused 16-row tiles at 8 rows (gate|up ~48 us against 66.5, down
-#: 30.6 vs 41.6) but not at 16, where it runs two 8-row groups (gate|up 78.8 vs 66.5, down 44.0 vs
-#: 41.6, o 14.9 vs 11.7; qkv 15.8 vs 18.3), nor at 32 (gate|up ~120 vs 68.4) (H200, us a call,
+#: 7B's q4_K rows GEMM beats the fused 16-row tiles at 8 rows (gate|up ~48 us against 75.4, down 30.6
+#: vs 42.2) but not at 16, where it runs two 8-row groups (the four q4_K weights of a layer 153.5 us
+#: against 147.6, each figure from one call), nor at 32 (gate|up ~120 vs 78.4) (H200,
 #: benchmarks/README.md).
 ROWS_MAX_PARALLEL = 8
 #: Row tiles on a GPU by engine size: (at most this many sequences, tile rows); they carry the rows at
 #: generated positions (prompt rows take GPU_PROMPT_TILE). H200, 7B, each pair in one call: B=8 S_TG
 #: 1,453 with 16-row tiles vs 1,279 with 64; B=32 3,381 with 32 vs 3,309 with 64 (not taken then for
 #: its S_PP, measured when prompt rows still ran in these tiles); B=128 8,100 with one 128-row tile vs
-#: 5,896 with two of 64. Since the fused GEMM's 32-row tiles run on wgmma (swapped operands), they
-#: beat one 64-row tile at 32 rows (gate|up 68.4 vs 81.9 us, down 51.2 vs 57.6), hence the 32-row
-#: bucket. An engine of one sequence decodes on the decode kernels, so its tiles only
-#: carry rows recomputed after a preemption. Tiles under 64 rows only when every tiled weight's
+#: 5,896 with two of 64. The fused GEMM's 32-row tiles (swapped operands for the tall weights) beat
+#: one 64-row tile at 32 rows (us a call: gate|up 78.4 vs 82.0, down 54.5 vs 57.3, q6_K down 63.9 vs
+#: 92.7, the output head 395.2 vs 585.4), hence the 32-row bucket. An engine of one sequence
+#: decodes on the decode kernels, so its tiles only carry rows recomputed after a preemption. Tiles under 64 rows only when every tiled weight's
 #: kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's q5_0, would do
 #: that 4x as often).
 GPU_ROW_TILES = ((1, 64), (16, 16), (32, 32), (64, 64), (None, 128))

@@ -65,24 +65,25 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
 #: Fused GEMM tiles per row bucket: (rows up to, tile of weights under FUSED_TALL_ROWS rows, tile of
 #: taller ones); a tile is ``(BLOCK_M, BLOCK_N, num_warps, num_stages, SWAP)``, SWAP: the weight tile
-#: as the MMA's A operand and the rows as its N (``gemm_fused(swap=True)``), which puts 16- and
-#: 32-row tiles on wgmma. H200, 7B q4_K shapes, us a call, one call (``bench_batch_gemm.py --rows
-#: 8,16,32,64 --fused 16,64,4,3 16,128,4,3 32,64,4,3 32,128,4,3 64,64,4,3 64,128,4,3 --fused-swap``):
-#: at 16 rows gate|up 66.5 at (32, 64) swapped vs 74.0 at the former (16, 32); down 41.6 at (16, 128)
-#: swapped vs 55.8, qkv 18.3 vs ~21, o 11.7 vs 13.5; at 32 rows (former: one 64-row tile) gate|up
-#: 68.4 at (32, 64) swapped vs 81.9, down 51.2 at (32, 128) swapped vs 57.6, qkv 20.7 vs 20.8, o 14.4
-#: vs 16.2. From 64 rows unswapped tiles are as fast or faster for q4_K (gate|up 81.7 vs 85.9 at 64,
-#: 135 vs 143.8 at 128).
-FUSED_GEMM_TILES = ((16, (16, 128, 4, 3, True), (32, 64, 4, 3, True)),
-                    (32, (32, 128, 4, 3, True), (32, 64, 4, 3, True)),
+#: as the MMA's A operand and the rows as its N (``gemm_fused(swap=True)``, wgmma at 16 and 32 rows;
+#: q4_K then decodes in float32, see ``gemm_fused``). H200, 7B q4_K shapes, us a call, one call
+#: (``bench_batch_gemm.py --rows 16,32 --fused 16,32,4,3 32,32,4,3 32,64,4,3 32,128,4,3 64,64,4,3
+#: --fused-swap``): at 16 rows (16, 128) swapped takes down in 42.2 against 55.3 at the former (16,
+#: 32), qkv 18.1 vs 20.9, o 11.9 vs 13.8, while gate|up stays best at (16, 32) (75.4); at 32 rows
+#: (formerly one 64-row tile: gate|up 82.0, down 57.3, qkv 22.6, o 16.0) gate|up takes 78.4 at (32,
+#: 64) swapped, down 54.5, qkv 23.7 and o 14.5 at (32, 64). From 64 rows unswapped tiles are as fast
+#: or faster for q4_K (gate|up 81.7 vs 85.9 at 64, ~135 vs 143.8 at 128).
+FUSED_GEMM_TILES = ((16, (16, 128, 4, 3, True), (16, 32, 4, 3, False)),
+                    (32, (32, 64, 4, 3, False), (32, 64, 4, 3, True)),
                     (64, (64, 64, 4, 3, False), (64, 64, 4, 3, False)),
                     (128, (128, 64, 4, 3, False), (128, 64, 4, 3, False)),
                     (None, (128, 128, 8, 3, False), (128, 128, 8, 3, False)))
 FUSED_TALL_ROWS = 16384
-#: q6_K's own tiles by bucket (same calls, us a call): at 16 rows (16, 64, 4, 3), down 61 vs 78 and the
-#: output head 337 vs 380 with (16, 32, 4, 3), swapped no faster (65.3, 351.2); at 64 rows swapped
-#: (64, 64): down 93.6 vs 99.4, output head 586.5 vs 622.5; at 128 rows (128, 128, 8, 3) swapped:
-#: down 121.8 vs 132.0, output head 652.0 vs 741.4 (and 890 at (128, 64, 4, 3)).
+#: q6_K's own tiles by bucket (us a call): at 16 rows (16, 64, 4, 3), down 61 vs 78 and the output
+#: head 337 vs 380 with (16, 32, 4, 3), swapped no faster (65.3, 351.2); at 32 rows (32, 64)
+#: swapped: down 63.9 and the output head 395.2 against 92.7 and 585.4 over one 64-row tile; at 64
+#: rows (64, 64) swapped: down 93.6 vs 99.4, output head 586.5 vs 622.5; at 128 rows (128, 128, 8,
+#: 3) swapped: down 121.8 vs 132.0, output head 652.0 vs 741.4 (and 890 at (128, 64, 4, 3)).
 FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3, False), 32: (32, 64, 4, 3, True), 64: (64, 64, 4, 3, True),
                         128: (128, 128, 8, 3, True)}
 #: The fused GEMM loads the next span's q4_K scales a step ahead from FUSED_AHEAD_ROWS-row tiles

@@ -133,24 +133,3 @@ def test_splitkv_replays_in_a_cuda_graph_with_a_new_n_valid():
         nv.fill_(n)
         g.replay()
         assert rel(out, oracle(q, k, v, n)) < TOL
-
-
-def test_fused_combine_and_early_v_against_the_two_launches():
-    """The combine done by the split that finishes last, and V loaded with K, against the
-    two-launch kernel: the same attention (early V: the same bits), at 1 and many splits."""
-    from minfer_mmq_triton.ops.attention import SplitKVAttention
-
-    gen = torch.Generator().manual_seed(7)
-    q, k, v = _inputs(14, 2, 64, 300, gen)
-    for nv in (1, 77, 300):
-        n = torch.tensor(nv, dtype=torch.int32)
-        two = SplitKVAttention(fuse=False, early_v=False)(q, k, v, n)
-        assert torch.equal(SplitKVAttention(fuse=False, early_v=True, nsplit=8)(q, k, v, n),
-                           SplitKVAttention(fuse=False, early_v=False, nsplit=8)(q, k, v, n))
-        assert torch.equal(SplitKVAttention(fuse=False, early_v=True)(q, k, v, n), two)
-        fused = SplitKVAttention(fuse=True, early_v=True)(q, k, v, n)
-        assert rel(fused, two) < 1e-6 and rel(fused, oracle(q, k, v, nv)) < TOL
-        again = SplitKVAttention(fuse=True, early_v=True)
-        assert torch.equal(again(q, k, v, n), fused) and torch.equal(again(q, k, v, n), fused)  # counters reset
-        eight = SplitKVAttention(fuse=True, nsplit=8)(q, k, v, n)
-        assert rel(eight, SplitKVAttention(fuse=False, nsplit=8)(q, k, v, n)) < 1e-6 and rel(eight, oracle(q, k, v, nv)) < TOL

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from minfer_core.weights import Candidate
 
-from ..launch.pdl import _prefetch_l2, enabled as pdl_enabled, enter, launch_args
+from ..launch.pdl import enabled as pdl_enabled, enter, launch_args
 
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.splitkv"
@@ -42,25 +42,20 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attn_split_kernel(
-    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, out_ptr, cnt_ptr, n_rows,
+    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
-    FUSE: tl.constexpr = False, CH: tl.constexpr = 4, EARLY_V: tl.constexpr = False, PF: tl.constexpr = False,
 ):
+    enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
-    t0 = tl.arange(0, BLOCK_S)
-    dd = tl.arange(0, DP)
-    if PF:  # ask L2 for this split's K/V rows while the previous kernel still runs (see _prefetch_kv)
-        _prefetch_kv(k_ptr, v_ptr, nv_ptr, n_rows, g, s, stride_kt, stride_kh, stride_vt, stride_vh,
-                     D, BLOCK_S, NSPLIT)
-    enter(PDL)
     nv = tl.load(nv_ptr)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
     hi = tl.minimum(lo + share, nv)
     r = tl.arange(0, REP_P)
+    dd = tl.arange(0, DP)
     dmask = dd < D
     heads = g * REP + r
     hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
@@ -69,80 +64,25 @@ def _attn_split_kernel(
     m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([REP_P], dtype=tl.float32)
     acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    t0 = tl.arange(0, BLOCK_S)
     for start in range(lo, hi, BLOCK_S):
         t = start + t0
         tmask = t < hi
         kvmask = tmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-        if EARLY_V:  # V's load in flight with K's, before the scores
-            v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
         sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
         sc = tl.where(tmask[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if not EARLY_V:
-            v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
+        v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
         m_i = m_new
     part = heads * NSPLIT + s
     tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
     tl.store(m_ptr + part, m_i, mask=hmask)
     tl.store(l_ptr + part, l_i, mask=hmask)
-    if FUSE:  # the split that finishes last combines its group's heads (no second launch)
-        tl.debug_barrier()  # every thread's partials are written before the arrival is counted
-        arrived = tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel", scope="gpu")
-        if arrived == NSPLIT - 1:
-            _combine_group(o_ptr, m_ptr, l_ptr, out_ptr, g * REP + r, r < REP, tl.cdiv(nv, share),
-                           REP_P, D, DP, NSPLIT, CH)
-            tl.atomic_xchg(cnt_ptr + g, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _prefetch_kv(k_ptr, v_ptr, nv_ptr, n_rows, g, s, stride_kt, stride_kh, stride_vt, stride_vh,
-                 D: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr):
-    """L2 prefetch of split ``s``'s K and V rows of KV head ``g`` (``D`` float16 each), issued before
-    the PDL wait. Only a hint: it reads ``n_valid`` early (a stale value, had a kernel just written
-    it, would only aim the hint at other rows, all inside the cache's ``n_rows``), loads nothing
-    into registers, and L2 is where every write lands, so no later load can see older bytes."""
-    nv = tl.load(nv_ptr)
-    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
-    lo = s * share
-    hi = tl.minimum(tl.minimum(lo + share, nv), n_rows)
-    line = tl.arange(0, (D * 2 + 127) // 128) * 64  # float16 elements a 128-byte line
-    for start in range(lo, hi, BLOCK_S):
-        t = tl.minimum(start + tl.arange(0, BLOCK_S), hi - 1)
-        _prefetch_l2(k_ptr + t[:, None] * stride_kt + g * stride_kh + line[None, :])
-        _prefetch_l2(v_ptr + t[:, None] * stride_vt + g * stride_vh + line[None, :])
-
-
-@triton.jit
-def _combine_group(o_ptr, m_ptr, l_ptr, out_ptr, heads, hmask, n_act,
-                   R: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, NSPLIT: tl.constexpr, CH: tl.constexpr):
-    """Heads ``heads`` ``[R]`` (``hmask`` the real ones), all of D: weigh their first ``n_act``
-    splits' partials (CH at a time, in split order) to a common max and normalize."""
-    sp = tl.arange(0, NSPLIT)
-    mk = hmask[:, None] & (sp < n_act)[None, :]
-    m_s = tl.load(m_ptr + heads[:, None] * NSPLIT + sp[None, :], mask=mk, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(l_ptr + heads[:, None] * NSPLIT + sp[None, :], mask=mk, other=0.0, cache_modifier=".cg")
-    m_all = tl.max(m_s, axis=1)
-    m_all = tl.where(m_all > float("-inf"), m_all, 0.0)  # padding heads: no split, no NaN
-    den = tl.sum(tl.where(mk, tl.exp2(m_s - m_all[:, None]) * l_s, 0.0), axis=1)
-    dd = tl.arange(0, DP)
-    c = tl.arange(0, CH)
-    num = tl.zeros([R, DP], dtype=tl.float32)
-    for c0 in range(0, n_act, CH):
-        sc = c0 + c
-        m2 = hmask[:, None] & (sc < n_act)[None, :]
-        part = heads[:, None] * NSPLIT + sc[None, :]
-        m = tl.load(m_ptr + part, mask=m2, other=float("-inf"), cache_modifier=".cg")
-        w = tl.where(m2, tl.exp2(m - m_all[:, None]), 0.0)
-        o = tl.load(o_ptr + part[:, :, None] * DP + dd[None, None, :], mask=m2[:, :, None], other=0.0,
-                    cache_modifier=".cg")
-        num += tl.sum(w[:, :, None] * o, axis=1)
-    out = num / tl.where(hmask, den, 1.0)[:, None]
-    tl.store(out_ptr + heads[:, None] * D + dd[None, :], out, mask=hmask[:, None] & (dd < D)[None, :])
 
 
 @triton.jit
@@ -185,36 +125,23 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-#: The decode kernel's options where the caller gives none (``SplitKVAttention``): ``fuse``: the
-#: split that finishes last combines its heads (one launch a layer, not two); ``early_v``: V's
-#: load is issued with K's; ``prefetch`` (with PDL only): the split's K/V rows are asked of L2
-#: before the wait on the previous kernel. None of them changes a bit of the result except ``fuse``
-#: (the combine's sums run in another order).
-DEFAULTS = {"fuse": True, "early_v": True, "prefetch": True}
-
-
 class SplitKVAttention:
     """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
-    ``pdl``: launch the kernels with programmatic dependent launch (see ``launch.pdl``); ``fuse``,
-    ``early_v``, ``prefetch``: see ``DEFAULTS`` (None: its value)."""
+    ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``)."""
 
     def __init__(self, block_s: int = 64, num_warps: int = 4, pdl: bool = False, nsplit: int | None = None,
-                 dc: int = 32, ch: int = 16, fuse: bool | None = None, early_v: bool | None = None,
-                 prefetch: bool | None = None):
+                 dc: int = 32, ch: int = 16):
         self.block_s, self.num_warps, self.pdl = block_s, num_warps, pdl
         self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
-        pick = lambda v, key: DEFAULTS[key] if v is None else v  # noqa: E731
-        self.fuse, self.early_v, self.prefetch = pick(fuse, "fuse"), pick(early_v, "early_v"), pick(prefetch, "prefetch")
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
-    def _buffers(self, h: int, dp: int, nsplit: int, n_kv: int, device) -> tuple[torch.Tensor, ...]:
+    def _buffers(self, h: int, dp: int, nsplit: int, device) -> tuple[torch.Tensor, ...]:
         key = (h, dp, nsplit, str(device))
         buf = self._scratch.get(key)
         if buf is None:
             buf = (torch.empty(h * nsplit, dp, dtype=torch.float32, device=device),
                    torch.empty(h * nsplit, dtype=torch.float32, device=device),
-                   torch.empty(h * nsplit, dtype=torch.float32, device=device),
-                   torch.zeros(n_kv, dtype=torch.int32, device=device))  # arrivals a KV head (fuse)
+                   torch.empty(h * nsplit, dtype=torch.float32, device=device))
             self._scratch[key] = buf
         return buf
 
@@ -229,20 +156,18 @@ class SplitKVAttention:
         nsplit = self.nsplit or n_splits(n_kv, q.device)
         dp = max(16, triton.next_power_of_2(d))
         dc = min(self.dc, dp)
-        o_part, m_part, l_part, cnt = self._buffers(h, dp, nsplit, n_kv, q.device)
+        o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
         _attn_split_kernel[(n_kv, nsplit)](
-            q, k_cache, v_cache, n_valid, o_part, m_part, l_part, out, cnt, k_cache.shape[0],
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
             BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
-            FUSE=self.fuse, EARLY_V=self.early_v, PF=self.prefetch and self.pdl and q.is_cuda,
         )
-        if not self.fuse:
-            attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, H=h, D=d, DP=dp, DC=dc,
-                                               NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
-                                               num_warps=4, **launch_args(self.pdl))
+        attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, H=h, D=d, DP=dp, DC=dc,
+                                           NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
+                                           num_warps=4, **launch_args(self.pdl))
         return out
 
 

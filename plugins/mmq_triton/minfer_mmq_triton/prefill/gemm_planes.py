@@ -465,7 +465,9 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
-    packed = wtype == 0 and a.is_cuda and (fused_bf16_decode(bm) if packed is None else packed)
+    # bf16x2 decode feeding the swapped MMA gives wrong products on the GPU (Triton 3.6; the
+    # oracle tests at 17 rows), so swapped tiles decode in float32
+    packed = wtype == 0 and a.is_cuda and not swap and (fused_bf16_decode(bm) if packed is None else packed)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
