@@ -10,6 +10,7 @@ pp512 and pp3314 have run, then after a 3 s pause, with the SM clock before each
 figure inherits from the tests before it. Part ``paged`` times the batched engine's paged
 attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count, BLOCK_S and
 the combine's dims a program and warps (random block tables, the model's head layout).
+``--tiles BS,W ...``: tgN at each depth per tile of the decode attention, a fresh load each.
 """
 
 from __future__ import annotations
@@ -112,15 +113,35 @@ def tg_at_depth(eng: Engine, n: int, depth: int, reps: int = 3) -> list[float]:
     return out
 
 
+def tiles_at_depth(model: str, tiles: list[tuple[int, int]], depths: list[int], n: int) -> None:
+    """tgN at each depth with the decode attention at each ``(BLOCK_S, num_warps)``, a fresh load each."""
+    from minfer_mmq_triton.ops import attention as A
+
+    print("| BLOCK_S, warps | " + " | ".join(f"tg{n} @ d{d}" for d in depths) + " |")
+    print("|---|" + "---:|" * len(depths))
+    for tile in tiles + tiles[:1]:
+        A.DECODE_TILE = tile
+        eng = Engine.load(model, progress=False, n_ctx=max(depths) + n + 64)
+        cells = [" / ".join(f"{x:.1f}" for x in tg_at_depth(eng, n, d)) for d in depths]
+        print(f"| {tile[0]}, {tile[1]} | " + " | ".join(cells) + " |", flush=True)
+        del eng
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--depths", default="0,1024,4096")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--parts", default="attention,depth,history", help="which parts to run")
+    ap.add_argument("--tiles", nargs="*", default=[],
+                    help="tgN at each depth per BLOCK_S,WARPS of the decode attention (a fresh load each, then the "
+                         "first again), instead of the parts")
     a = ap.parse_args()
     parts = a.parts.split(",")
     depths = [int(x) for x in a.depths.split(",")]
+    if a.tiles:
+        return tiles_at_depth(a.model, [tuple(int(v) for v in t.split(",")) for t in a.tiles], depths, a.n)
     eng = Engine.load(a.model, progress=False, n_ctx=max(depths) + a.n + 64)
     if "attention" in parts:
         attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 8192], max(8192, eng.model.n_ctx))

@@ -133,3 +133,15 @@ def test_splitkv_replays_in_a_cuda_graph_with_a_new_n_valid():
         nv.fill_(n)
         g.replay()
         assert rel(out, oracle(q, k, v, n)) < TOL
+
+
+@pytest.mark.parametrize("block_s,warps", [(32, 4), (128, 8)])
+def test_splitkv_other_tiles(block_s, warps):
+    """The split kernel at other positions a step and warps (``DECODE_TILE`` candidates) against the oracle."""
+    from minfer_mmq_triton.ops.attention import SplitKVAttention
+
+    gen = torch.Generator().manual_seed(block_s)
+    q, k, v = _inputs(14, 2, 64, 300, gen)
+    for nv in (1, 129, 300):
+        out = SplitKVAttention(block_s, warps)(q, k, v, torch.tensor(nv, dtype=torch.int32))
+        assert rel(out, oracle(q, k, v, nv)) < TOL

@@ -125,13 +125,19 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+#: ``(BLOCK_S, num_warps)`` of the split kernel where the caller gives none: positions a loop step
+#: and warps a program (``decode_depth.py --tiles`` measures others in the whole model).
+DECODE_TILE = (64, 4)
+
+
 class SplitKVAttention:
     """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
     ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``)."""
 
-    def __init__(self, block_s: int = 64, num_warps: int = 4, pdl: bool = False, nsplit: int | None = None,
-                 dc: int = 32, ch: int = 16):
-        self.block_s, self.num_warps, self.pdl = block_s, num_warps, pdl
+    def __init__(self, block_s: int | None = None, num_warps: int | None = None, pdl: bool = False,
+                 nsplit: int | None = None, dc: int = 32, ch: int = 16):
+        self.block_s, self.num_warps = block_s or DECODE_TILE[0], num_warps or DECODE_TILE[1]
+        self.pdl = pdl
         self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
