@@ -29,8 +29,8 @@ import itertools
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from minfer_mmq_triton import decode, planes, tiles
 from minfer_core.linalg import mm_f32
+from minfer_mmq_triton import decode, planes, tiles
 from minfer_mmq_triton.launch.scratch import jit_matmul
 from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
@@ -80,7 +80,8 @@ def main() -> None:
     ap.add_argument("--ready", action="store_true",
                     help="above 64 rows: cuBLAS on a ready bf16 copy of the weight too (MINFER_MMQ=0's route)")
     ap.add_argument("--fused-decode", action="store_true",
-                    help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed)")
+                    help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed; "
+                         "swapped tiles always decode in float32)")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -116,9 +117,9 @@ def main() -> None:
                 row(m, f"fused x{count} ({tile}-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(count)])
             am = torch.randn(m, k, device="cuda").bfloat16()
             both = (False, True)
+            swaps = {None: (False,), "both": both, "only": (True,)}[args.fused_swap]
             for cfg, early, swap, packed in itertools.product(
-                    fused, both if args.fused_ahead else (None,), {None: (False,), "both": both, "only": (True,)}[args.fused_swap],
-                    both if args.fused_decode else (None,)):
+                    fused, both if args.fused_ahead else (None,), swaps, both if args.fused_decode else (None,)):
                 label = (f"fused {cfg} (all rows)" + ("" if early is None else f" ahead {int(early)}")
                          + (" swapped" if swap else "")
                          + ("" if packed is None else " bf16x2" if packed else " float32"))

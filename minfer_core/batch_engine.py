@@ -53,9 +53,9 @@ ROWS_MAX_PARALLEL = 8
 #: 5,896 with two of 64. The fused GEMM's 32-row tiles (swapped operands for the tall weights) beat
 #: one 64-row tile at 32 rows (us a call: gate|up 78.4 vs 82.0, down 54.5 vs 57.3, q6_K down 63.9 vs
 #: 92.7, the output head 395.2 vs 585.4), hence the 32-row bucket. An engine of one sequence
-#: decodes on the decode kernels, so its tiles only carry rows recomputed after a preemption. Tiles under 64 rows only when every tiled weight's
-#: kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's q5_0, would do
-#: that 4x as often).
+#: decodes on the decode kernels, so its tiles only carry rows recomputed after a preemption. Tiles
+#: under 64 rows only when every tiled weight's kernel says ``small_tiles`` (one that expands its
+#: weight per call, e.g. the 0.5B's q5_0, would do that 4x as often).
 GPU_ROW_TILES = ((1, 64), (16, 16), (32, 32), (64, 64), (None, 128))
 #: Tile of a step's prompt rows on a GPU (TiledPromptMatmuls): each weight is expanded once a step
 #: and cuBLAS multiplies the tiles; 256-row tiles are where a bf16 GEMM stops being bound by reading
