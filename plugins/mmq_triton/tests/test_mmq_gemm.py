@@ -128,6 +128,28 @@ def test_fused_swapped_operands(qt):
         assert torch.equal(alone[0], y[5]), cfg
 
 
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
+def test_default_tiles_take_their_swap(qt, monkeypatch):
+    """With no config, a tall weight (the threshold lowered to this test's 40 rows) at 17 rows takes
+    its bucket's swapped tile: the same bits as that tile asked for explicitly, within the oracle's
+    bounds; asking for bf16x2 there still decodes in float32 (the combination that miscompiles on
+    the GPU), so the bits do not change."""
+    from minfer_mmq_triton import planes, tiles
+    from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
+
+    monkeypatch.setattr(tiles, "FUSED_TALL_ROWS", 32)
+    n, k = 40, 512
+    w = _weight(qt, n, k, seed=8)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    a = torch.randn(17, k, device=DEV).to(torch.bfloat16)
+    *tile, swap = tiles.fused_gemm_tile(17, qt, n)
+    assert swap
+    y = gemm_fused(a, plane, w.bias)
+    _check(y, a.float(), w, n)
+    assert torch.equal(y, gemm_fused(a, plane, w.bias, tuple(tile), swap=True))
+    assert torch.equal(y, gemm_fused(a, plane, w.bias, tuple(tile), swap=True, packed=True))
+
+
 def test_jit_matmul_row_chunks(monkeypatch):
     """Weights above the scratch cap are expanded and multiplied in row chunks."""
     from minfer_mmq_triton.launch import scratch
