@@ -461,6 +461,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     if config is None:
         *config, tile_swap = fused_gemm_tile(m, QT.Q6_K if wtype else QT.Q4_K, n)
         swap = tile_swap if swap is None else swap
+    swap = bool(swap)
     bm, bn, warps, stages, *rest = config
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
@@ -478,7 +479,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
         m, n, k,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
-        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, SWAP=bool(swap),
+        BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, SWAP=swap,
         num_warps=warps, num_stages=stages,
     )
     return c
