@@ -8,6 +8,8 @@ against the oracle with the bf16 storage bounds of test_mmq_planes (6e-3 / 1e-2)
 The CPU interpreter runs tiny shapes; ``-m cuda`` runs the real layouts at M up to 3314.
 """
 
+import itertools
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -113,7 +115,9 @@ def test_fused_split_k(qt):
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
 def test_fused_swapped_operands(qt):
     """The fused GEMM with the weight tile as the MMA's A operand and the rows as its N: within the
-    oracle's bounds at several tiles and splits, and a row's bits independent of the rows beside it."""
+    oracle's bounds at several tiles and splits, q4_K decoded in float32 and in bf16x2 (GPU), and a
+    row's bits independent of the rows beside it. On the GPU unswapped too: at (16, 128) the
+    compiler gives a bf16x2 pack bytes of different rows."""
     from minfer_mmq_triton import planes
     from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
 
@@ -121,19 +125,19 @@ def test_fused_swapped_operands(qt):
     w = _weight(qt, n, k, seed=6)
     plane = planes.BUILDERS[qt][1](w.raw, k)
     a = torch.randn(19, k, device=DEV).to(torch.bfloat16)
-    for cfg in ((16, 16, 4, 2, 1), (16, 32, 4, 2, 3), (32, 16, 4, 2, 2)):
-        y = gemm_fused(a, plane, w.bias, cfg, swap=True)
+    cfgs = ((16, 16, 4, 2, 1), (16, 32, 4, 2, 3), (32, 16, 4, 2, 2), (16, 128, 4, 3, 1))
+    for cfg, packed, swap in itertools.product(cfgs, (False, True), (True, False) if DEV == "cuda" else (True,)):
+        y = gemm_fused(a, plane, w.bias, cfg, swap=swap, packed=packed)
         _check(y, a.float(), w, n)
-        alone = gemm_fused(a[5:6].contiguous(), plane, w.bias, cfg, swap=True)
-        assert torch.equal(alone[0], y[5]), cfg
+        alone = gemm_fused(a[5:6].contiguous(), plane, w.bias, cfg, swap=swap, packed=packed)
+        assert torch.equal(alone[0], y[5]), (cfg, packed, swap)
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
 def test_default_tiles_take_their_swap(qt, monkeypatch):
     """With no config, a tall weight (the threshold lowered to this test's 40 rows) at 17 rows takes
     its bucket's swapped tile: the same bits as that tile asked for explicitly, within the oracle's
-    bounds; asking for bf16x2 there still decodes in float32 (the combination that miscompiles on
-    the GPU), so the bits do not change."""
+    bounds, and so is its q4_K decoded in bf16x2 (the GPU's choice from 32-row tiles)."""
     from minfer_mmq_triton import planes, tiles
     from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
 
@@ -147,7 +151,7 @@ def test_default_tiles_take_their_swap(qt, monkeypatch):
     y = gemm_fused(a, plane, w.bias)
     _check(y, a.float(), w, n)
     assert torch.equal(y, gemm_fused(a, plane, w.bias, tuple(tile), swap=True))
-    assert torch.equal(y, gemm_fused(a, plane, w.bias, tuple(tile), swap=True, packed=True))
+    _check(gemm_fused(a, plane, w.bias, tuple(tile), swap=True, packed=True), a.float(), w, n)
 
 
 def test_jit_matmul_row_chunks(monkeypatch):

@@ -27,6 +27,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType as QT
 
 from ..q4_k.plane import Q4KPlane
+from ..launch.pdl import enter, launch_args
 from ..launch.split import shared_scratch
 from ..tiles import DEQUANT_TILES, fused_ahead, fused_bf16_decode, fused_gemm_tile, fused_split
 
@@ -85,17 +86,28 @@ def _q4k_values(b, scales):
     return _small_int(b & 0xF) * s0 - m0, _small_int(b >> 4) * s1 - m1
 
 
-# PTX for four bytes of q4_K nibbles (one 32-bit register, ``pack=4``) -> their low-nibble values
-# ($0, $1) and high-nibble values ($2, $3) as bf16x2, ``w = q s - m`` with bf16 arithmetic: two
-# bytes' nibbles are moved to the halves of a word (prmt), masked into the mantissa of 128.0 (the
-# bf16 128 + q, exact), 128 is subtracted (exact) and one packed fma applies the sub-block's scale
-# and negated min (bf16x2 pairs: $5/$9 for bytes 0-1, $7/$11 for bytes 2-3; $13.. for the high
-# nibbles). Two instructions a value, against ~6 for the float32 decode with a bf16 conversion.
-_Q4K_BF16 = tl.constexpr("{\n.reg .b32 t<2>, u;\nprmt.b32 t0, $4, 0, 0x4140;\nprmt.b32 t1, $4, 0, 0x4342;\n" + "".join(
-    (f"shr.b32 t{i % 2}, t{i % 2}, 4;\n" if i >= 2 else "")
-    + f"and.b32 u, t{i % 2}, 0x000F000F;\nor.b32 u, u, $21;\nsub.rn.bf16x2 u, u, $21;\n"
-    f"fma.rn.bf16x2 ${i}, u, ${5 + 8 * (i // 2) + 2 * (i % 2)}, ${9 + 8 * (i // 2) + 2 * (i % 2)};\n"
-    for i in range(4)) + "}")
+def _q4k_bf16_ptx() -> str:
+    """PTX for four bytes of q4_K nibbles (one 32-bit register, ``pack=4``) -> their low-nibble
+    values ($0, $1) and high-nibble values ($2, $3) as bf16x2, ``w = q s - m`` with bf16 arithmetic:
+    two bytes' nibbles are moved to the halves of a word (prmt), masked into the mantissa of 128.0
+    (the bf16 128 + q, exact), 128 is subtracted (exact) and one packed fma applies the sub-block's
+    scale and negated min. Each byte brings its own bf16 operands (scale and min of the low nibbles
+    at $5.. and $9.., of the high ones at $13.. and $17..), which two prmt pair up for the fma: the
+    four bytes of a pack need not share a row or a sub-block, whatever layout the compiler gives the
+    tile (sharing byte 0's operands with byte 1 gave wrong products at (16, 128) tiles on the H200).
+    Three instructions a value, against ~6 for the float32 decode with a bf16 conversion."""
+    lines = ["{", ".reg .b32 t<2>, u, s, m;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
+    for i in range(4):  # output word i: nibbles (low for i < 2) of bytes 2 (i % 2), 2 (i % 2) + 1
+        sc, mn = 5 + 8 * (i // 2) + 2 * (i % 2), 9 + 8 * (i // 2) + 2 * (i % 2)
+        if i >= 2:
+            lines.append(f"shr.b32 t{i % 2}, t{i % 2}, 4;")
+        lines += [f"and.b32 u, t{i % 2}, 0x000F000F;", "or.b32 u, u, $21;", "sub.rn.bf16x2 u, u, $21;",
+                  f"prmt.b32 s, ${sc}, ${sc + 1}, 0x5410;", f"prmt.b32 m, ${mn}, ${mn + 1}, 0x5410;",
+                  f"fma.rn.bf16x2 ${i}, u, s, m;"]
+    return "\n".join(lines + ["}"])
+
+
+_Q4K_BF16 = tl.constexpr(_q4k_bf16_ptx())
 _Q4K_BF16_ARGS = tl.constexpr("=r,=r,=r,=r,r," + ",".join(["r"] * 20))
 
 
@@ -109,10 +121,9 @@ def _bf16_pair(x):
 @triton.jit
 def _q4k_values_bf16(b, scales, magic):
     """Bytes ``b`` (uint8 ``[BN, 2, 32]``, :func:`_q4k_nibbles` before widening) and their span's
-    ``scales`` -> bf16 tiles (low, high nibbles) decoded in bf16 arithmetic (``_Q4K_BF16``): the
-    scale and min are rounded to bf16 first, so a value can differ from :func:`_q4k_values`'s in
-    its last bit or two (well inside the bf16 tolerance of the tests). A pack of four bytes shares
-    its scales: a thread holds runs of its 32-value sub-block (the 16-byte loads)."""
+    ``scales`` -> bf16 tiles (low, high nibbles) decoded in bf16 arithmetic (:func:`_q4k_bf16_ptx`):
+    the scale and min are rounded to bf16 first, so a value can differ from :func:`_q4k_values`'s
+    in its last bit or two (well inside the bf16 tolerance of the tests)."""
     s0, m0, s1, m1 = scales
     return tl.inline_asm_elementwise(
         _Q4K_BF16, _Q4K_BF16_ARGS,
@@ -340,7 +351,7 @@ def _gemm_planes_kernel(
     # meta
     WTYPE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-    AHEAD: tl.constexpr, PACKED: tl.constexpr, SWAP: tl.constexpr = False,
+    AHEAD: tl.constexpr, PACKED: tl.constexpr, SWAP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """``c = a @ W.T (+ bias)`` with W decoded from its plane; WTYPE 0 = q4_K, 1 = q6_K.
 
@@ -350,8 +361,10 @@ def _gemm_planes_kernel(
     (output tiles, SPLIT): split ``s`` sums its share of the spans; with SPLIT > 1 the partial
     tiles meet in ``part`` and the program that arrives last adds them in the order s = 0, 1, ...
     (the same bits whichever finished last; see ``launch.split``). PACKED (q4_K, GPU only): decode
-    in bf16x2 arithmetic (:func:`_q4k_values_bf16`) rather than float32.
+    in bf16x2 arithmetic (:func:`_q4k_values_bf16`) rather than float32. PDL: launched with
+    programmatic dependent launch (``launch.pdl``).
     """
+    enter(PDL)
     pid = tl.program_id(0)
     s_id = tl.program_id(1)
     grid_m = tl.cdiv(M, BLOCK_M)
@@ -436,7 +449,8 @@ def _fit_stages(bm: int, bn: int, span: int, stages: int, budget: int = 200 * 10
 
 
 def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
-               ahead: bool | None = None, packed: bool | None = None, swap: bool | None = None) -> torch.Tensor:
+               ahead: bool | None = None, packed: bool | None = None, swap: bool | None = None,
+               pdl: bool = False) -> torch.Tensor:
     """``a`` bf16 ``(M, K)`` @ dequant(plane).T (+ bias) -> float32 ``(M, N)``.
 
     ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages[, SPLIT])``; by default the row
@@ -448,6 +462,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     ``swap``: the weight tile as the MMA's A operand and the rows as its N (compiled for sm_90 this
     puts 16- and 32-row tiles on wgmma, ``sass_loop.py --fused --swap``); by default the tile's, and
     off for a given ``config``. Neither ``swap`` nor the split depends on how many rows share a tile.
+    ``pdl``: launch with programmatic dependent launch (``launch.pdl``).
     """
     m, k = a.shape
     assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0
@@ -466,9 +481,7 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
-    # bf16x2 decode feeding the swapped MMA gives wrong products on the GPU (Triton 3.6; the
-    # oracle tests at 17 rows), so swapped tiles decode in float32
-    packed = wtype == 0 and a.is_cuda and not swap and (fused_bf16_decode(bm) if packed is None else packed)
+    packed = wtype == 0 and a.is_cuda and (fused_bf16_decode(bm) if packed is None else packed)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
@@ -480,6 +493,6 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
         a.stride(0), p0.stride(0), p1.stride(0), p2.stride(0), c.stride(0),
         WTYPE=wtype, HAS_BIAS=bias is not None, DOT_F32=not a.is_cuda,
         BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, SPLIT=split, AHEAD=ahead, PACKED=packed, SWAP=swap,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, **launch_args(pdl),
     )
     return c
