@@ -5,7 +5,8 @@ q4_K and q6_K weights on CUDA (compute capability 8.0+, ``MINFER_DECODE_MMA`` on
 tensor-core rows GEMMs (``q4_k.gemm_mma``, ``q6_k.gemm_mma``; labels ``mmq.rows.q4_k``,
 ``mmq.rows.q6_k``), reading the same planes as the decode GEMVs; their tile and split come from the
 weight's shape alone (``tiles.rows_config``). RMSNorm and SwiGLU are applied by the quantizer, the
-bias and the residual in the epilogue. Other types are not offered: the batched step runs them over
+bias and the residual in the epilogue. Under ``MINFER_PDL`` (compute capability 9.0+) their launches
+overlap like the decode step's (``launch.pdl``). Other types are not offered: the batched step runs them over
 fixed row tiles.
 """
 
@@ -20,6 +21,7 @@ from minfer_core.weights import Candidate, Weight
 
 from . import planes
 from .decode import mma_enabled, prepare
+from .launch.pdl import enabled as pdl_enabled
 from .tiles import rows_config
 
 PLUGIN = "mmq_triton"
@@ -41,6 +43,7 @@ def batch_candidates(weight: Weight, ctx) -> list[Candidate]:
 
     plane = prepare(weight)
     t, g, warps, split = rows_config(weight.n_out, weight.n_in)
+    pdl = pdl_enabled(ctx)
 
     def fn(x: torch.Tensor, residual: Optional[torch.Tensor] = None, norm: Optional[tuple] = None,
            swiglu: bool = False) -> torch.Tensor:
@@ -48,7 +51,7 @@ def batch_candidates(weight: Weight, ctx) -> list[Candidate]:
             raise ValueError("the rows GEMM applies RMSNorm or SwiGLU to x, not both")
         x = x.float().contiguous()
         res = None if residual is None else residual.float().contiguous()
-        return gemm(x, plane, weight.bias, t, g, warps, split, res, norm, swiglu)
+        return gemm(x, plane, weight.bias, t, g, warps, split, res, norm, swiglu, pdl=pdl)
 
     return [Candidate(PLUGIN, label, fn, fuses=FUSES, reads_raw=False)]
 

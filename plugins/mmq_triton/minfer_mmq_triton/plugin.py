@@ -129,7 +129,7 @@ def minfer_decode_rope_kv_candidates(ctx):
 def minfer_prefill_rope_kv_candidates(ctx):  # not a quantized-matmul feature: no gate reads it either
     from .ops.candidates import prefill_op_candidates
 
-    return prefill_op_candidates("prefill_rope_kv")
+    return prefill_op_candidates("prefill_rope_kv", ctx)
 
 
 @hookimpl

@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType as QT
 from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
 from . import planes, tiles
+from .launch.pdl import enabled as pdl_enabled
 from .families import INT8, SERVED
 
 PLUGIN = "mmq_triton"
@@ -174,7 +175,7 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
         # with its plane built, up to 64 rows run the fused GEMM, which expands nothing per call
-        fn, tiled = _plane_fn(weight)
+        fn, tiled = _plane_fn(weight, pdl_enabled(ctx))
         return [Candidate(PLUGIN, label, fn, gate, reads, reads_raw=not built, small_tiles=built, tiled=tiled)]
     fn, tiled = _raw_fn(weight)
     return [Candidate(PLUGIN, f"mmq.generic.{name}", fn, "MINFER_MMQ", ("f32",), tiled=tiled)]
@@ -190,13 +191,13 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
     mode = int(ctx.fuse_mode)
     if mode not in (1, 2):
         return None
-    write_f32 = mode == 1
+    write_f32, pdl = mode == 1, pdl_enabled(ctx)
     if kind == "rmsnorm":
         def fn(x, w, eps):
-            return producers.rmsnorm(x, w, eps, write_f32)
+            return producers.rmsnorm(x, w, eps, write_f32, pdl)
     elif kind == "swiglu":
         def fn(gu):
-            return producers.swiglu(gu, write_f32)
+            return producers.swiglu(gu, write_f32, pdl)
     else:
         return None
     return [Candidate(PLUGIN, f"mmq.fuse{mode}.{kind}", fn, "MINFER_MMQ_A_FUSE")]
@@ -222,10 +223,10 @@ def _raw_fill(weight: Weight):
     return fill
 
 
-def _plane_fn(weight: Weight):
-    """Plane family: the fused GEMM for few rows, else expand + cuBLAS; raw blocks when no plane
-    was built (builder gate off, or a float16 overflow). Its ``tiled`` form always expands (once
-    for all tiles)."""
+def _plane_fn(weight: Weight, pdl: bool = False):
+    """Plane family: the fused GEMM for few rows (launched with PDL under ``pdl``), else expand +
+    cuBLAS; raw blocks when no plane was built (builder gate off, or a float16 overflow). Its
+    ``tiled`` form always expands (once for all tiles)."""
     from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
@@ -245,7 +246,7 @@ def _plane_fn(weight: Weight):
     def fn(act: Activation):
         plane = weight.planes.get(key)
         if plane is not None and tiles.use_fused(act.rows, n, k):
-            return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias)
+            return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
         return tiled(act)
     return fn, tiled
 

@@ -10,12 +10,14 @@ import triton.language as tl
 
 from ..ops.quant_x import quantize_x
 from ..tiles import ROWS_AHEAD
+from .pdl import enter, launch_args
 
 
 @triton.jit
 def _reduce_splits_kernel(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """``y = sum_s part[s] (s = 0, 1, ... in order) + bias + residual`` over (M, N)."""
+    enter(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < M * N
     y = tl.load(part_ptr + i, mask=mask, other=0.0)
@@ -30,18 +32,20 @@ def _reduce_splits_kernel(part_ptr, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: tl.co
 
 def rows_gemm(kernel, weights: tuple, n: int, steps: int, x: torch.Tensor, bias, tiles: int, groups: int,
               num_warps: int, split: int, residual=None, norm=None, swiglu: bool = False,
-              ahead: int | None = None) -> torch.Tensor:
+              ahead: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``kernel[grid](xq, xs, xsum, *weights, bias, residual, y, M, MP, n, steps, HAS_BIAS=, HAS_RES=, T=,
-    G=, SPLIT=, AHEAD=)`` over float32 ``x`` ``(M, K)`` (``(M, 2K)`` with ``swiglu``) -> float32 ``(M, n)``
+    G=, SPLIT=, AHEAD=, PDL=)`` over float32 ``x`` ``(M, K)`` (``(M, 2K)`` with ``swiglu``) -> float32 ``(M, n)``
     ``= [residual +] f(x) @ W.T + bias``, ``f`` the optional RMSNorm (``norm=(w, eps)``) or SwiGLU applied
     by the quantizer. ``groups``: at most this many 8-row groups a program; ``ahead``: blocks between
     a block's L2 prefetch and its loads (0: none; default ``tiles.ROWS_AHEAD`` when one program
-    covers all the rows, else none). No choice here changes a row's bits."""
+    covers all the rows, else none); ``pdl``: the quantizer, the GEMM and the reduction launch with
+    programmatic dependent launch (``launch.pdl``), the GEMM asking L2 for its first block's weight
+    lines before it waits. No choice here changes a row's bits."""
     m = x.shape[0]
     groups = min(groups, triton.next_power_of_2(triton.cdiv(m, 8)))
     if ahead is None:
         ahead = ROWS_AHEAD if m <= 8 * groups else 0
-    xq, xs, xsum = quantize_x(x, norm, swiglu, rows=True, pad=max(16, 8 * groups))
+    xq, xs, xsum = quantize_x(x, norm, swiglu, pdl=pdl, rows=True, pad=max(16, 8 * groups))
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     if residual is not None:
@@ -50,10 +54,12 @@ def rows_gemm(kernel, weights: tuple, n: int, steps: int, x: torch.Tensor, bias,
     r = residual if residual is not None else y
     grid = (triton.cdiv(m, 8 * groups), triton.cdiv(n, 16 * tiles * num_warps), split)
     kernel[grid](xq, xs, xsum, *weights, b, r, out, m, xs.shape[1], n, steps, HAS_BIAS=bias is not None,
-                 HAS_RES=residual is not None, T=tiles, G=groups, SPLIT=split, AHEAD=ahead, num_warps=num_warps)
+                 HAS_RES=residual is not None, T=tiles, G=groups, SPLIT=split, AHEAD=ahead, num_warps=num_warps,
+                 **launch_args(pdl))
     if split > 1:
         block = 1024
         _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, b, r, y, m, n, SPLIT=split,
                                                              HAS_BIAS=bias is not None,
-                                                             HAS_RES=residual is not None, BLOCK=block)
+                                                             HAS_RES=residual is not None, BLOCK=block,
+                                                             **launch_args(pdl))
     return y

@@ -205,7 +205,7 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
 
-        return [paged_candidate()]
+        return [paged_candidate(pdl_enabled(ctx))]
     if phase == "paged_prefill":
         from .paged_prefill import paged_prefill_candidate
 

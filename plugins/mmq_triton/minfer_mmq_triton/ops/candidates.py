@@ -11,10 +11,11 @@ from .norm import rmsnorm_row
 from .rope import rope_kv_rows, rope_kv_write
 
 
-def prefill_op_candidates(kind: str) -> list[Candidate] | None:
-    """The multi-row fused ops of the prefill (ranked by the policy's prefill order, no gate)."""
+def prefill_op_candidates(kind: str, ctx=None) -> list[Candidate] | None:
+    """The multi-row fused ops of the prefill and the batched step (ranked by the policy's prefill
+    order, no gate)."""
     if kind == "prefill_rope_kv":
-        return [Candidate("mmq_triton", "mmq.pre.rope_kv", rope_kv_rows)]
+        return [Candidate("mmq_triton", "mmq.pre.rope_kv", functools.partial(rope_kv_rows, pdl=pdl_enabled(ctx)))]
     return None
 
 

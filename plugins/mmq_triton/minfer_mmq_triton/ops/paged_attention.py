@@ -22,7 +22,7 @@ import triton.language as tl
 
 from minfer_core.weights import Candidate
 
-from ..launch.pdl import launch_args
+from ..launch.pdl import enter, launch_args
 from .attention import attn_combine_kernel
 
 PLUGIN = "mmq_triton"
@@ -43,8 +43,9 @@ def _paged_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, m_ptr, l_ptr,
     stride_bt, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     HKV: tl.constexpr, REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     b = tl.program_id(0) // HKV
     g = tl.program_id(0) % HKV
     s = tl.program_id(1)
@@ -87,12 +88,13 @@ def _paged_split_kernel(
 
 
 class PagedDecodeAttention:
-    """The batched decode attention callable; its partial-result scratch is kept per shape."""
+    """The batched decode attention callable; its partial-result scratch is kept per shape. ``pdl``:
+    both kernels launch with programmatic dependent launch (``launch.pdl``)."""
 
     def __init__(self, nsplit: int = 16, block_s: int = 64, num_warps: int = 4, dc: int = 32, ch: int = 16,
-                 combine_warps: int = 4):
+                 combine_warps: int = 4, pdl: bool = False):
         self.nsplit, self.block_s, self.num_warps, self.dc, self.ch = nsplit, block_s, num_warps, dc, ch
-        self.combine_warps = combine_warps
+        self.combine_warps, self.pdl = combine_warps, pdl
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def for_engine(self, parallel: int) -> "PagedDecodeAttention":
@@ -101,7 +103,7 @@ class PagedDecodeAttention:
         if parallel <= FEW_SPLITS_ABOVE or self.nsplit <= FEW_SPLITS:
             return self
         dc, warps = FEW_SPLITS_COMBINE
-        return PagedDecodeAttention(FEW_SPLITS, self.block_s, self.num_warps, dc, self.ch, warps)
+        return PagedDecodeAttention(FEW_SPLITS, self.block_s, self.num_warps, dc, self.ch, warps, self.pdl)
 
     def _buffers(self, rows: int, dp: int, device) -> tuple[torch.Tensor, ...]:
         key = (rows, dp, str(device))
@@ -130,15 +132,15 @@ class PagedDecodeAttention:
             q, k_pool, v_pool, bt, lens, o_part, m_part, l_part,
             bt.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
             LOG2E / math.sqrt(d), HKV=n_kv, REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps,
+            PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
         attn_combine_kernel[(bsz * h, dp // dc)](
             o_part, m_part, l_part, lens, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
             BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), num_warps=self.combine_warps,
-            **launch_args(False),
+            **launch_args(self.pdl),
         )
         return out
 
 
-def paged_candidate() -> Candidate:
-    return Candidate(PLUGIN, LABEL, PagedDecodeAttention())
+def paged_candidate(pdl: bool = False) -> Candidate:
+    return Candidate(PLUGIN, LABEL, PagedDecodeAttention(pdl=pdl))

@@ -2,7 +2,8 @@
 prepass that converts an f32 activation once for all its consumers.
 
 Fuse mode 1 writes the float32 rows and the plane; mode 2 writes the plane only (``f32=None``),
-sound only when every consumer reads the plane (the core decides the mode).
+sound only when every consumer reads the plane (the core decides the mode). ``pdl``: launch with
+programmatic dependent launch (``launch.pdl``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import triton
 import triton.language as tl
 
 from minfer_core.weights import Activation
+
+from ..launch.pdl import enter, launch_args
 
 
 @triton.jit
@@ -23,10 +26,11 @@ def _rmsnorm_kernel(
     # strides (elements)
     stride_x, stride_y, stride_p,
     # meta
-    WRITE_F32: tl.constexpr, BLOCK_K: tl.constexpr,
+    WRITE_F32: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row per program: ``y = x * rsqrt(mean(x^2) + eps) * w``; x, y f32 ``(M, K)``, plane
     bf16 ``(M, K)``."""
+    enter(PDL)
     row = tl.program_id(0)
     k = tl.arange(0, BLOCK_K)
     mask = k < K
@@ -47,9 +51,10 @@ def _swiglu_kernel(
     # strides (elements)
     stride_gu, stride_y, stride_p,
     # meta
-    WRITE_F32: tl.constexpr, BLOCK: tl.constexpr,
+    WRITE_F32: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """``y = silu(gu[:, :F]) * gu[:, F:]``; program ``(row, blk)`` covers ``BLOCK`` columns."""
+    enter(PDL)
     row = tl.program_id(0)
     f = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = f < F
@@ -61,7 +66,7 @@ def _swiglu_kernel(
     tl.store(p_ptr + row * stride_p + f, y.to(tl.bfloat16), mask=mask)
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, write_f32: bool = True) -> Activation:
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, write_f32: bool = True, pdl: bool = False) -> Activation:
     """x f32 ``(M, K)``, w f32 ``(K,)`` -> Activation (plane always, f32 when ``write_f32``)."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and w.shape == (x.shape[1],)
     m, k = x.shape
@@ -70,11 +75,12 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, write_f32: bool = True
     block = triton.next_power_of_2(k)
     _rmsnorm_kernel[(m,)](x, w, y if write_f32 else p, p, k, float(eps),
                           x.stride(0), y.stride(0) if write_f32 else 0, p.stride(0),
-                          WRITE_F32=write_f32, BLOCK_K=block, num_warps=8 if block >= 4096 else 4)
+                          WRITE_F32=write_f32, BLOCK_K=block, num_warps=8 if block >= 4096 else 4,
+                          **launch_args(pdl))
     return Activation(y, p)
 
 
-def swiglu(gu: torch.Tensor, write_f32: bool = True) -> Activation:
+def swiglu(gu: torch.Tensor, write_f32: bool = True, pdl: bool = False) -> Activation:
     """gu f32 ``(M, 2F)`` (gate then up) -> Activation of ``silu(gate) * up`` ``(M, F)``."""
     assert gu.dtype == torch.float32 and gu.dim() == 2 and gu.stride(1) == 1 and gu.shape[1] % 2 == 0
     m, f = gu.shape[0], gu.shape[1] // 2
@@ -83,7 +89,8 @@ def swiglu(gu: torch.Tensor, write_f32: bool = True) -> Activation:
     block = min(2048, triton.next_power_of_2(f))
     _swiglu_kernel[(m, triton.cdiv(f, block))](gu, y if write_f32 else p, p, f,
                                                gu.stride(0), y.stride(0) if write_f32 else 0, p.stride(0),
-                                               WRITE_F32=write_f32, BLOCK=block, num_warps=4)
+                                               WRITE_F32=write_f32, BLOCK=block, num_warps=4,
+                                               **launch_args(pdl))
     return Activation(y, p)
 
 

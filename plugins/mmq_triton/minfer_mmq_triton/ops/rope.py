@@ -107,7 +107,7 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
 
 
 def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, start, neox: bool) -> torch.Tensor:
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, start, neox: bool, pdl: bool = False) -> torch.Tensor:
     """The prefill's RoPE and KV-cache write for T tokens at positions ``start ..``, in one launch.
 
     q (T, n_heads, D), k and v (T, n_kv, D) float32 whose heads are contiguous (rows may be
@@ -115,6 +115,7 @@ def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.T
     (n_ctx, n_kv, D) float16. Writes rotated k and v into cache rows ``start .. start + T - 1``
     and returns rotated q as a new float32 (T, n_heads, D). ``start`` may instead be a (T,) int64
     device tensor, the cache row of each token (a batch's pool rows; read only in the kernel).
+    ``pdl``: launch with programmatic dependent launch (``launch.pdl``).
     """
     rows = start if isinstance(start, torch.Tensor) else None
     t, n_heads, d = q.shape
@@ -136,7 +137,7 @@ def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.T
         n_heads, 0 if rows is not None else start,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), POS_PTR=rows is not None, num_warps=1 if d <= 64 else 2, PDL=False,
+        D=d, NEOX=bool(neox), POS_PTR=rows is not None, num_warps=1 if d <= 64 else 2, **launch_args(pdl),
     )
     return q_out
 

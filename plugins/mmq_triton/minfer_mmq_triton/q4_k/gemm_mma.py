@@ -32,6 +32,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..launch.mma import prefetch_l2, rows_layout, rows_prefetch_rows, rows_program, rows_store
+from ..launch.pdl import enter
 from ..launch.rows import rows_gemm
 from .plane import Q4KPlane
 
@@ -106,13 +107,14 @@ def _block(b, wa, wb, dmw, acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)
 @gluon.jit
 def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, res_ptr, y_ptr, M, MP, N, NT,
                          HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, T: gl.constexpr, G: gl.constexpr,
-                         SPLIT: gl.constexpr, AHEAD: gl.constexpr):
+                         SPLIT: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr):
     """Grid (cdiv(M, 8 G), cdiv(N, 16 T num_warps), SPLIT): a program owns G groups of 8 activation
     rows, a warp T tiles of 16 weight rows, a split ``cdiv(NT / 2, SPLIT)`` blocks. ``y`` (M, N), or
     with SPLIT > 1 the partials (SPLIT, M, N) (bias and residual are then added by the reduction).
     x's tables have a row stride ``MP`` >= 8 G cdiv(M, 8 G). AHEAD > 0: each block first asks L2
     for the weight words and scales of the block AHEAD blocks on (one 128-byte line a row each), so
-    that the loads of later blocks wait on L2 rather than on memory."""
+    that the loads of later blocks wait on L2 rather than on memory. PDL: the first block's lines are
+    asked for before the wait for the previous kernel (``launch.pdl``)."""
     L: gl.constexpr = rows_layout(gl.num_warps(), T, G)
     rows, row, xrow, cols, ac, ar, ap = rows_program(L, T, G, M, N)
     q_off = row * (NT * 16) + ac * 2 + ap  # word X + p of the sub-block's run
@@ -129,6 +131,10 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     acc = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.float32, layout=L)
     zero = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.int32, layout=L)
     prow = rows_prefetch_rows(L, T, N)  # one address a weight row for the prefetches
+    if PDL:  # weights: nothing an earlier kernel writes
+        prefetch_l2(qw_ptr + prow * (NT * 16) + gl.minimum(first, nb - 1) * 32)
+        prefetch_l2(sc_ptr + prow * (NT * 2) + gl.minimum(first, nb - 1) * 4)
+    enter(PDL)
     for b in range(first, last):
         if AHEAD > 0:
             nb_ahead = gl.minimum(b + AHEAD, last - 1)
@@ -141,8 +147,9 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
 
 
 def gemm_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, groups: int, num_warps: int, split: int,
-                 residual=None, norm=None, swiglu: bool = False, ahead: int | None = None) -> torch.Tensor:
+                 residual=None, norm=None, swiglu: bool = False, ahead: int | None = None,
+                 pdl: bool = False) -> torch.Tensor:
     """``launch.rows.rows_gemm`` over a q4_K plane."""
     n, half_k = plane.qs.shape
     return rows_gemm(_gemm_q4p_mma_kernel, plane.words(), n, half_k // 64, x, bias, tiles, groups, num_warps,
-                     split, residual, norm, swiglu, ahead)
+                     split, residual, norm, swiglu, ahead, pdl)

@@ -32,6 +32,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..launch.mma import prefetch_l2, rows_layout, rows_prefetch_rows, rows_program, rows_store
+from ..launch.pdl import enter
 from ..launch.rows import rows_gemm
 from .plane import DECODE_BYTES, QH_AT, SC_AT, Q6KDecodePlane
 
@@ -102,12 +103,13 @@ def _block(b, w32_ptr, q_off, qh_off, sc_off, ap, d, acc, zero, xq_ptr, x_off, x
 @gluon.jit
 def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_ptr, y_ptr, M, MP, N, NB,
                         HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, T: gl.constexpr, G: gl.constexpr,
-                        SPLIT: gl.constexpr, AHEAD: gl.constexpr):
+                        SPLIT: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr):
     """Grid (cdiv(M, 8 G), cdiv(N, 16 T num_warps), SPLIT): a program owns G groups of 8 activation
     rows, a warp T tiles of 16 weight rows, a split ``cdiv(NB, SPLIT)`` blocks. ``y`` (M, N), or with
     SPLIT > 1 the partials (SPLIT, M, N); x's sub-block sums ``xsum`` are not read (no offset term).
     AHEAD > 0: each block first asks L2 for the block AHEAD
-    blocks on (two 128-byte lines a row)."""
+    blocks on (two 128-byte lines a row); PDL: the first block's, before the wait for the previous
+    kernel (``launch.pdl``)."""
     L: gl.constexpr = rows_layout(gl.num_warps(), T, G)
     rows, row, xrow, cols, ac, ar, ap = rows_program(L, T, G, M, N)
     sc_off = row * (NB * WW)  # a weight row's first word
@@ -124,6 +126,10 @@ def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_
     acc = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.float32, layout=L)
     zero = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.int32, layout=L)
     prow = rows_prefetch_rows(L, T, N) * (NB * WW)
+    if PDL:  # weights: nothing an earlier kernel writes
+        prefetch_l2(w32_ptr + prow + gl.minimum(first, NB - 1) * WW)
+        prefetch_l2(w32_ptr + prow + gl.minimum(first, NB - 1) * WW + 32)
+    enter(PDL)
     for b in range(first, last):
         if AHEAD > 0:
             b_ahead = gl.minimum(b + AHEAD, last - 1)
@@ -135,8 +141,9 @@ def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_
 
 
 def gemm_q6_mma(x: torch.Tensor, plane: Q6KDecodePlane, bias, tiles: int, groups: int, num_warps: int,
-                split: int, residual=None, norm=None, swiglu: bool = False, ahead: int | None = None) -> torch.Tensor:
+                split: int, residual=None, norm=None, swiglu: bool = False, ahead: int | None = None,
+                pdl: bool = False) -> torch.Tensor:
     """``launch.rows.rows_gemm`` over a q6_K decode plane."""
     n, nb = plane.d.shape
     return rows_gemm(_gemm_q6_mma_kernel, (plane.w.view(torch.int32), plane.d), n, nb, x, bias, tiles, groups,
-                     num_warps, split, residual, norm, swiglu, ahead)
+                     num_warps, split, residual, norm, swiglu, ahead, pdl)
