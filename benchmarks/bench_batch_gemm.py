@@ -80,8 +80,7 @@ def main() -> None:
     ap.add_argument("--ready", action="store_true",
                     help="above 64 rows: cuBLAS on a ready bf16 copy of the weight too (MINFER_MMQ=0's route)")
     ap.add_argument("--fused-decode", action="store_true",
-                    help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed; "
-                         "swapped tiles always decode in float32)")
+                    help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed)")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]

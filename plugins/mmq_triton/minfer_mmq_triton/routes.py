@@ -77,8 +77,8 @@ def declared_gates() -> list[Gate]:
              "Triton with Gluon), and so do the batched step's q4_K / q6_K matmuls (mmq.rows.*)", "those GEMVs "
              "stay on the dp4a kernels (the same integer sums, another float summation order); the batched step "
              "runs q4_K / q6_K over fixed row tiles", group="decode"),
-        Gate("MINFER_PDL", True, "decode kernels launch with programmatic dependent launch (CUDA, cc >= 9.0)",
-             "decode kernels launch without PDL (A/B runs, debugging)", group="decode"),
+        Gate("MINFER_PDL", True, "decode kernels and the batched step's kernels launch with programmatic "
+             "dependent launch (CUDA, cc >= 9.0)", "they launch without PDL (A/B runs, debugging)", group="decode"),
     ]
 
 
