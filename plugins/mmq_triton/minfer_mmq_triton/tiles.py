@@ -65,15 +65,15 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
 #: Fused GEMM tiles per row bucket: (rows up to, tile of weights under FUSED_TALL_ROWS rows, tile of
 #: taller ones); a tile is ``(BLOCK_M, BLOCK_N, num_warps, num_stages, SWAP)``, SWAP: the weight tile
-#: as the MMA's A operand and the rows as its N (``gemm_fused(swap=True)``, wgmma at 16 and 32 rows).
-#: H200, 7B q4_K shapes, us a call, one call (``bench_batch_gemm.py --rows 16,32 --fused 16,32,4,3
-#: 16,128,4,3 32,64,4,3 --fused-swap --fused-decode``; from 32-row tiles q4_K decodes in bf16x2,
-#: ``BF16_DECODE_ROWS``): at 16 rows (16, 128) swapped takes down in 41.5, qkv 18.3, o 11.7, and
-#: gate|up 68.9 at (32, 64) swapped against 71.6 at (16, 32); at 32 rows gate|up takes 69.6 at (32,
-#: 64) swapped (79.5 decoded in float32, 93.1 unswapped), down 53.0, qkv 23.4 and o 14.2 at (32, 64)
-#: unswapped (swapped 56.3, 22.5, 14.8). From 64 rows unswapped tiles are as fast or faster for q4_K
-#: (gate|up 81.7 vs 85.9 at 64, ~135 vs 143.8 at 128, an earlier call).
-FUSED_GEMM_TILES = ((16, (16, 128, 4, 3, True), (32, 64, 4, 3, True)),
+#: as the MMA's A operand and the rows as its N (``gemm_fused(swap=True)``, wgmma at 16 and 32 rows;
+#: q4_K then decodes in float32 by default, see ``gemm_fused``). H200, 7B q4_K shapes, us a call, one
+#: call (``bench_batch_gemm.py --rows 16,32 --fused 16,32,4,3 16,128,4,3 32,64,4,3 --fused-swap
+#: --fused-decode``): at 16 rows (16, 128) swapped takes down in 41.5, qkv 18.3, o 11.7, gate|up 71.6
+#: at (16, 32); at 32 rows gate|up takes 79.5 at (32, 64) swapped (69.6 in bf16x2, not the default:
+#: see ``gemm_fused``), down 53.0, qkv 23.4 and o 14.2 at (32, 64) unswapped in bf16x2. From 64 rows
+#: unswapped tiles are as fast or faster for q4_K (gate|up 81.7 vs 85.9 at 64, ~135 vs 143.8 at 128,
+#: an earlier call).
+FUSED_GEMM_TILES = ((16, (16, 128, 4, 3, True), (16, 32, 4, 3, False)),
                     (32, (32, 64, 4, 3, False), (32, 64, 4, 3, True)),
                     (64, (64, 64, 4, 3, False), (64, 64, 4, 3, False)),
                     (128, (128, 64, 4, 3, False), (128, 64, 4, 3, False)),
@@ -93,7 +93,7 @@ FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3, False), 32: (32, 64, 4, 3, True), 64:
 #: 819 us, down at 64 rows 104.5 -> 120.7; won only at 32 rows: down 104.2 -> 93.8), so q6_K never does.
 FUSED_AHEAD_ROWS = 32
 #: On the GPU the fused GEMM decodes q4_K in bf16x2 arithmetic (``gemm_planes._q4k_values_bf16``)
-#: rather than float32 from BF16_DECODE_ROWS-row tiles, swapped or not (H200, 7B shapes, us a call,
+#: rather than float32 from BF16_DECODE_ROWS-row unswapped tiles (H200, 7B shapes, us a call,
 #: float32 -> bf16x2, ``bench_batch_gemm.py --decode``: gate|up 125.3 -> 118.1 at 32 rows, 91.3 -> 83.8 at 64,
 #: qkv 25.0 -> 21.8 at 64, down 71.4 -> 66.5 at 128; at 16 rows it loses, gate|up 72.2 -> 81.4). The
 #: plane expansion keeps float32: bf16x2 is no faster there (memory bound, gate|up 112.1 vs 112.3).

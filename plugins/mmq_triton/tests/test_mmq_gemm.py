@@ -136,8 +136,8 @@ def test_fused_swapped_operands(qt):
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
 def test_default_tiles_take_their_swap(qt, monkeypatch):
     """With no config, a tall weight (the threshold lowered to this test's 40 rows) at 17 rows takes
-    its bucket's swapped tile: the same bits as that tile asked for explicitly, within the oracle's
-    bounds, and so is its q4_K decoded in bf16x2 (the GPU's choice from 32-row tiles)."""
+    its bucket's swapped tile: the same bits as that tile asked for explicitly, in float32 (q4_K), and
+    within the oracle's bounds; so is its q4_K decoded in bf16x2 when asked for."""
     from minfer_mmq_triton import planes, tiles
     from minfer_mmq_triton.prefill.gemm_planes import gemm_fused
 
@@ -151,6 +151,7 @@ def test_default_tiles_take_their_swap(qt, monkeypatch):
     y = gemm_fused(a, plane, w.bias)
     _check(y, a.float(), w, n)
     assert torch.equal(y, gemm_fused(a, plane, w.bias, tuple(tile), swap=True))
+    assert torch.equal(y, gemm_fused(a, plane, w.bias, tuple(tile), swap=True, packed=False))
     _check(gemm_fused(a, plane, w.bias, tuple(tile), swap=True, packed=True), a.float(), w, n)
 
 

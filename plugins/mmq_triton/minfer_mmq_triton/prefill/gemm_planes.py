@@ -458,7 +458,8 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     ``tiles.fused_split`` picks from the weight's shape alone, so a row's result never depends on
     how many rows came with it. ``ahead`` (q4_K): load each span's scales a step early (default
     ``tiles.fused_ahead``); it changes no bit of the result. ``packed`` (q4_K on the GPU): decode in
-    bf16x2 arithmetic (default ``tiles.fused_bf16_decode``; the CPU interpreter always decodes in float32).
+    bf16x2 arithmetic (default ``tiles.fused_bf16_decode`` on unswapped tiles; the CPU interpreter
+    always decodes in float32).
     ``swap``: the weight tile as the MMA's A operand and the rows as its N (compiled for sm_90 this
     puts 16- and 32-row tiles on wgmma, ``sass_loop.py --fused --swap``); by default the tile's, and
     off for a given ``config``. Neither ``swap`` nor the split depends on how many rows share a tile.
@@ -481,7 +482,11 @@ def gemm_fused(a: torch.Tensor, plane, bias: torch.Tensor | None, config=None,
     split = rest[0] if rest else fused_split(n, k // span, bn)
     stages = _fit_stages(bm, bn, span, stages)
     ahead = wtype == 0 and (fused_ahead(bm) if ahead is None else ahead)
-    packed = wtype == 0 and a.is_cuda and (fused_bf16_decode(bm) if packed is None else packed)
+    # by default swapped tiles decode in float32, as on the last tree where the GPU test of a
+    # 32-sequence engine against the single stream (test_gpu_batched_equals_single_stream_engine)
+    # passed: it failed with gate|up's 32-row tile in bf16x2 (and PDL in the batched step), cause
+    # not yet isolated
+    packed = wtype == 0 and a.is_cuda and (fused_bf16_decode(bm) and not swap if packed is None else packed)
     tiles_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split > 1:
         part, cnt = shared_scratch("part", split * m * n, a.device), shared_scratch("cnt", tiles_mn, a.device)
