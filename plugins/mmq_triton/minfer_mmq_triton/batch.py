@@ -6,8 +6,8 @@ tensor-core rows GEMMs (``q4_k.gemm_mma``, ``q6_k.gemm_mma``; labels ``mmq.rows.
 ``mmq.rows.q6_k``), reading the same planes as the decode GEMVs; their tile and split come from the
 weight's shape alone (``tiles.rows_config``). RMSNorm and SwiGLU are applied by the quantizer, the
 bias and the residual in the epilogue. Under ``MINFER_PDL`` (compute capability 9.0+) their launches
-overlap like the decode step's (``launch.pdl``). Other types are not offered: the batched step runs them over
-fixed row tiles.
+overlap like the decode step's (``launch.pdl``). Other types are not offered: the batched step runs
+them over fixed row tiles.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from gguf import GGMLQuantizationType as QT
 from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
 from . import planes, tiles
-from .launch.pdl import enabled as pdl_enabled
 from .families import INT8, SERVED
+from .launch.pdl import enabled as pdl_enabled
 
 PLUGIN = "mmq_triton"
 

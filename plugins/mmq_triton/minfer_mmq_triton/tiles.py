@@ -94,9 +94,10 @@ FUSED_GEMM_TILES_Q6K = {16: (16, 64, 4, 3, False), 32: (32, 64, 4, 3, True), 64:
 FUSED_AHEAD_ROWS = 32
 #: On the GPU the fused GEMM decodes q4_K in bf16x2 arithmetic (``gemm_planes._q4k_values_bf16``)
 #: rather than float32 from BF16_DECODE_ROWS-row unswapped tiles (H200, 7B shapes, us a call,
-#: float32 -> bf16x2, ``bench_batch_gemm.py --decode``: gate|up 125.3 -> 118.1 at 32 rows, 91.3 -> 83.8 at 64,
-#: qkv 25.0 -> 21.8 at 64, down 71.4 -> 66.5 at 128; at 16 rows it loses, gate|up 72.2 -> 81.4). The
-#: plane expansion keeps float32: bf16x2 is no faster there (memory bound, gate|up 112.1 vs 112.3).
+#: float32 -> bf16x2, ``bench_batch_gemm.py --decode``: gate|up 125.3 -> 118.1 at 32 rows, 91.3 ->
+#: 83.8 at 64, qkv 25.0 -> 21.8 at 64, down 71.4 -> 66.5 at 128; at 16 rows it loses, gate|up 72.2
+#: -> 81.4). The plane expansion keeps float32: bf16x2 is no faster there (memory bound, gate|up
+#: 112.1 vs 112.3).
 BF16_DECODE_ROWS = 32
 #: Split-K of the fused GEMM (``fused_split``): narrow or K-long weights (qkv, o, down) give too
 #: few output tiles to fill the GPU at few rows.
