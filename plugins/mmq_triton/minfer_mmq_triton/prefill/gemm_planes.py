@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType as QT
 
-from ..q4_k.plane import Q4KPlane
 from ..launch.pdl import enter, launch_args
 from ..launch.split import shared_scratch
+from ..q4_k.plane import Q4KPlane
 from ..tiles import DEQUANT_TILES, fused_ahead, fused_bf16_decode, fused_gemm_tile, fused_split
 
 

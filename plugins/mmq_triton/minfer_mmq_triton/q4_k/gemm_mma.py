@@ -105,6 +105,13 @@ def _block(b, wa, wb, dmw, acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)
 
 
 @gluon.jit
+def _prefetch_block(qw_ptr, sc_ptr, prow, NT, b):
+    """Ask L2 for block ``b``'s weight words and scales (one 128-byte line each) of the rows at ``prow``."""
+    prefetch_l2(qw_ptr + prow * (NT * 16) + b * 32)
+    prefetch_l2(sc_ptr + prow * (NT * 2) + b * 4)
+
+
+@gluon.jit
 def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, res_ptr, y_ptr, M, MP, N, NT,
                          HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, T: gl.constexpr, G: gl.constexpr,
                          SPLIT: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr):
@@ -132,14 +139,11 @@ def _gemm_q4p_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, qw_ptr, sc_ptr, dm_ptr, bias_
     zero = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.int32, layout=L)
     prow = rows_prefetch_rows(L, T, N)  # one address a weight row for the prefetches
     if PDL:  # weights: nothing an earlier kernel writes
-        prefetch_l2(qw_ptr + prow * (NT * 16) + gl.minimum(first, nb - 1) * 32)
-        prefetch_l2(sc_ptr + prow * (NT * 2) + gl.minimum(first, nb - 1) * 4)
+        _prefetch_block(qw_ptr, sc_ptr, prow, NT, gl.minimum(first, nb - 1))
     enter(PDL)
     for b in range(first, last):
         if AHEAD > 0:
-            nb_ahead = gl.minimum(b + AHEAD, last - 1)
-            prefetch_l2(qw_ptr + prow * (NT * 16) + nb_ahead * 32)
-            prefetch_l2(sc_ptr + prow * (NT * 2) + nb_ahead * 4)
+            _prefetch_block(qw_ptr, sc_ptr, prow, NT, gl.minimum(b + AHEAD, last - 1))
         wa = _load_span(2 * b, qw_ptr, q_off, sc_ptr, sc_off)
         wb = _load_span(2 * b + 1, qw_ptr, q_off, sc_ptr, sc_off)
         acc = _block(b, wa, wb, gl.load(dm_ptr + dm_off + b), acc, zero, xq_ptr, x_off, xs_ptr, xsum_ptr, cols, MP)

@@ -101,6 +101,13 @@ def _block(b, w32_ptr, q_off, qh_off, sc_off, ap, d, acc, zero, xq_ptr, x_off, x
 
 
 @gluon.jit
+def _prefetch_block(row_ptr, b):
+    """Ask L2 for block ``b``'s two 128-byte lines of the rows starting at ``row_ptr``."""
+    prefetch_l2(row_ptr + b * WW)
+    prefetch_l2(row_ptr + b * WW + 32)
+
+
+@gluon.jit
 def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_ptr, y_ptr, M, MP, N, NB,
                         HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, T: gl.constexpr, G: gl.constexpr,
                         SPLIT: gl.constexpr, AHEAD: gl.constexpr, PDL: gl.constexpr):
@@ -127,14 +134,11 @@ def _gemm_q6_mma_kernel(xq_ptr, xs_ptr, xsum_ptr, w32_ptr, d_ptr, bias_ptr, res_
     zero = gl.zeros([gl.num_warps(), T, G, 8, 4, 2, 2], gl.int32, layout=L)
     prow = rows_prefetch_rows(L, T, N) * (NB * WW)
     if PDL:  # weights: nothing an earlier kernel writes
-        prefetch_l2(w32_ptr + prow + gl.minimum(first, NB - 1) * WW)
-        prefetch_l2(w32_ptr + prow + gl.minimum(first, NB - 1) * WW + 32)
+        _prefetch_block(w32_ptr + prow, gl.minimum(first, NB - 1))
     enter(PDL)
     for b in range(first, last):
         if AHEAD > 0:
-            b_ahead = gl.minimum(b + AHEAD, last - 1)
-            prefetch_l2(w32_ptr + prow + b_ahead * WW)
-            prefetch_l2(w32_ptr + prow + b_ahead * WW + 32)
+            _prefetch_block(w32_ptr + prow, gl.minimum(b + AHEAD, last - 1))
         acc = _block(b, w32_ptr, q_off, qh_off, sc_off, ap, gl.load(d_ptr + dm_off + b).to(gl.float32), acc, zero,
                      xq_ptr, x_off, xs_ptr, cols, MP)
     rows_store(acc, rows, cols, M, N, bias_ptr, res_ptr, y_ptr, HAS_BIAS, HAS_RES, SPLIT)
