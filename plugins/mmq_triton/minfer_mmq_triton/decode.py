@@ -69,6 +69,12 @@ def mma_enabled(ctx) -> bool:
     return True
 
 
+def wgmma_enabled(ctx) -> bool:
+    """Whether this load's q4_K matmuls of few rows run on the warpgroup-MMA GEMM (``q4_k.gemm_wgmma``):
+    as :func:`mma_enabled`, on compute capability 9.0 (Hopper's wgmma)."""
+    return mma_enabled(ctx) and tuple(ctx.compute_capability) == (9, 0)
+
+
 def prepare(weight: Weight):
     """The data the GEMV reads: raw rows (q5_K) or the decode plane (built once)."""
     qt = QT(weight.qtype)

@@ -28,6 +28,7 @@ from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
 from . import planes, tiles
 from .families import INT8, SERVED
+from .decode import wgmma_enabled
 from .launch.pdl import enabled as pdl_enabled
 
 PLUGIN = "mmq_triton"
@@ -74,9 +75,10 @@ def declared_gates() -> list[Gate]:
              "reads (mmq.nb.q4_k)", "no q4_K plane; the plane family expands raw blocks, decoding the packed scales "
              "in the kernel (mmq.nb.raw.q4_k)", labels=("mmq.nb.q4_k",), group="plane_builder"),
         Gate("MINFER_DECODE_MMA", True, "q4_K / q6_K int8 decode GEMVs run on tensor cores (CUDA, cc >= 8.0, "
-             "Triton with Gluon), and so do the batched step's q4_K / q6_K matmuls (mmq.rows.*)", "those GEMVs "
-             "stay on the dp4a kernels (the same integer sums, another float summation order); the batched step "
-             "runs q4_K / q6_K over fixed row tiles", group="decode"),
+             "Triton with Gluon), and so do the batched step's q4_K / q6_K matmuls (mmq.rows.*) and, on Hopper, "
+             "q4_K matmuls of up to 64 rows (the warpgroup-MMA GEMM)", "those GEMVs stay on the dp4a kernels "
+             "(the same integer sums, another float summation order); the batched step runs q4_K / q6_K over "
+             "fixed row tiles, on the fused GEMM", group="decode"),
         Gate("MINFER_PDL", True, "decode kernels and the batched step's kernels launch with programmatic "
              "dependent launch (CUDA, cc >= 9.0)", "they launch without PDL (A/B runs, debugging)", group="decode"),
     ]
@@ -175,7 +177,7 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
         # with its plane built, up to 64 rows run the fused GEMM, which expands nothing per call
-        fn, tiled = _plane_fn(weight, pdl_enabled(ctx))
+        fn, tiled = _plane_fn(weight, pdl_enabled(ctx), wgmma_enabled(ctx))
         return [Candidate(PLUGIN, label, fn, gate, reads, reads_raw=not built, small_tiles=built, tiled=tiled)]
     fn, tiled = _raw_fn(weight)
     return [Candidate(PLUGIN, f"mmq.generic.{name}", fn, "MINFER_MMQ", ("f32",), tiled=tiled)]
@@ -223,10 +225,11 @@ def _raw_fill(weight: Weight):
     return fill
 
 
-def _plane_fn(weight: Weight, pdl: bool = False):
-    """Plane family: the fused GEMM for few rows (launched with PDL under ``pdl``), else expand +
-    cuBLAS; raw blocks when no plane was built (builder gate off, or a float16 overflow). Its
-    ``tiled`` form always expands (once for all tiles)."""
+def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
+    """Plane family: for few rows the warpgroup-MMA GEMM (q4_K under ``wgmma``) or the fused GEMM
+    (launched with PDL under ``pdl``), else expand + cuBLAS; raw blocks when no plane was built
+    (builder gate off, or a float16 overflow). Its ``tiled`` form always expands (once for all
+    tiles)."""
     from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
@@ -243,8 +246,14 @@ def _plane_fn(weight: Weight, pdl: bool = False):
     def tiled(act: Activation, tile: Optional[int] = None):
         return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile)
 
+    wgmma = wgmma and qt == QT.Q4_K
+    split = tiles.wgmma_split(n, k)
+
     def fn(act: Activation):
         plane = weight.planes.get(key)
+        if plane is not None and wgmma and act.rows <= tiles.WGMMA_MAX_ROWS:
+            from .q4_k.gemm_wgmma import gemm_q4k_wgmma
+            return gemm_q4k_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl)
         if plane is not None and tiles.use_fused(act.rows, n, k):
             return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
         return tiled(act)

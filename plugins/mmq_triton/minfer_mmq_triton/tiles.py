@@ -150,6 +150,30 @@ def fused_gemm_tile(m: int, qtype: QT, n: int = 0) -> tuple[int, int, int, int, 
     return FUSED_GEMM_TILES_Q6K.get(top, tile) if qtype == QT.Q6_K else tile
 
 
+#: q4_K matmuls of at most WGMMA_MAX_ROWS rows on Hopper run on the warpgroup-MMA GEMM
+#: (``q4_k.gemm_wgmma``: weights decoded into the MMA's A registers, the rows as its N), which beat
+#: the fused GEMM and the rows GEMM at every 7B shape from 8 to 64 rows (H200, us a call,
+#: ``bench_batch_gemm.py --rows 8,16,32,64 --wgmma 1,2,4,8``; at 32 rows gate|up 54.5 vs 79.5 for
+#: the fused GEMM's swapped tile, down 34.1 vs 53.0, qkv 11.6 vs 23.4, o 10.5 vs 14.2). Split-K
+#: doubles while the grid stays within WGMMA_PROGRAMS programs of 64 weight rows and each split
+#: keeps WGMMA_MIN_SPANS spans, up to WGMMA_MAX_SPLIT (o, qkv, down: 8; gate|up: 1).
+WGMMA_MAX_ROWS, WGMMA_PROGRAMS, WGMMA_MIN_SPANS, WGMMA_MAX_SPLIT = 64, 640, 2, 8
+
+
+def wgmma_rows(m: int) -> int:
+    """The warpgroup-MMA GEMM's N for ``m`` rows: a power of two from 8 (its activation tile)."""
+    return max(8, 1 << (m - 1).bit_length())
+
+
+def wgmma_split(n: int, k: int) -> int:
+    """Split-K of the warpgroup-MMA GEMM over an ``n x k`` q4_K weight, from its shape alone."""
+    tiles_n, spans, split = -(-n // 64), k // 128, 1
+    while (split < WGMMA_MAX_SPLIT and tiles_n * split * 2 <= WGMMA_PROGRAMS
+           and spans // (split * 2) >= WGMMA_MIN_SPANS):
+        split *= 2
+    return split
+
+
 #: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,
 #: num_warps); its split-K comes from the weight's shape, like the fused GEMM's.
 ROWS_TILE = (2, 1, 4)
