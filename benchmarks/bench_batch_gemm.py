@@ -10,7 +10,7 @@ tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ah
 its q4_K scales loaded a step ahead and not; ``--fused-swap [only]``: each with the weight tile as the
 MMA's A operand and the rows as its N, and not (or that alone); ``--ready``: above 64 rows, cuBLAS on a
 ready bf16 copy too (``MINFER_MMQ=0``'s route); ``--fused-decode``: each with q4_K decoded in float32 and
-in bf16x2; ``--wgmma 1,2,4``: the q4_K warpgroup-MMA GEMM at these splits (with its largest
+in bf16x2; ``--wgmma 1,2,4``: the warpgroup-MMA GEMM (``prefill.gemm_wgmma``) at these splits (with its largest
 difference from the fused GEMM's float32 product, relative to the largest |value|). ``--q6``: the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
@@ -34,8 +34,8 @@ from minfer_core.linalg import mm_f32
 from minfer_mmq_triton import decode, planes, tiles
 from minfer_mmq_triton.launch.scratch import jit_matmul
 from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
+from minfer_mmq_triton.prefill.gemm_wgmma import gemm_wgmma
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
-from minfer_mmq_triton.q4_k.gemm_wgmma import gemm_q4k_wgmma
 from minfer_mmq_triton.q6_k.gemm_mma import gemm_q6_mma
 from minfer_mmq_triton.q6_k.plane import pack_q6k
 from minfer_mmq_triton.synth import random_raw
@@ -83,7 +83,7 @@ def main() -> None:
                     help="above 64 rows: cuBLAS on a ready bf16 copy of the weight too (MINFER_MMQ=0's route)")
     ap.add_argument("--fused-decode", action="store_true",
                     help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed)")
-    ap.add_argument("--wgmma", default="", help="splits of the q4_K warpgroup-MMA GEMM (q4_k.gemm_wgmma), e.g. 1,2,4")
+    ap.add_argument("--wgmma", default="", help="splits of the warpgroup-MMA GEMM (prefill.gemm_wgmma), e.g. 1,2,4")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -114,12 +114,12 @@ def main() -> None:
                     lambda p: gemm_rows(x, dps[id(p)], None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w),
                                         ahead=ah))
             am = torch.randn(m, k, device="cuda").bfloat16()
-            for split in [int(v) for v in args.wgmma.split(",") if v] if not args.q6 else []:
+            for split in [int(v) for v in args.wgmma.split(",") if v]:
                 na = -(-m // 8) * 8
                 want = gemm_fused(am, ps[0], None, packed=False)
-                err = ((gemm_q4k_wgmma(am, ps[0], None, na, split) - want).abs().max() / want.abs().max()).item()
+                err = ((gemm_wgmma(am, ps[0], None, na, split) - want).abs().max() / want.abs().max()).item()
                 row(m, f"wgmma split {split} (max diff / max {err:.1e})",
-                    lambda p: gemm_q4k_wgmma(am, p, None, na, split))
+                    lambda p: gemm_wgmma(am, p, None, na, split))
             for tile in (16, 64) if m <= 16 else (64,):
                 a = torch.randn(tile, k, device="cuda").bfloat16()
                 count = -(-m // tile)

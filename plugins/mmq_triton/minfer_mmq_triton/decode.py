@@ -70,7 +70,7 @@ def mma_enabled(ctx) -> bool:
 
 
 def wgmma_enabled(ctx) -> bool:
-    """Whether this load's q4_K matmuls of few rows run on the warpgroup-MMA GEMM (``q4_k.gemm_wgmma``):
+    """Whether this load's q4_K / q6_K matmuls of few rows run on the warpgroup-MMA GEMM (``prefill.gemm_wgmma``):
     as :func:`mma_enabled`, on compute capability 9.0 (Hopper's wgmma)."""
     return mma_enabled(ctx) and tuple(ctx.compute_capability) == (9, 0)
 

@@ -150,8 +150,8 @@ def fused_gemm_tile(m: int, qtype: QT, n: int = 0) -> tuple[int, int, int, int, 
     return FUSED_GEMM_TILES_Q6K.get(top, tile) if qtype == QT.Q6_K else tile
 
 
-#: q4_K matmuls of at most WGMMA_MAX_ROWS rows on Hopper run on the warpgroup-MMA GEMM
-#: (``q4_k.gemm_wgmma``: weights decoded into the MMA's A registers, the rows as its N), which beat
+#: q4_K and q6_K matmuls of at most WGMMA_MAX_ROWS rows on Hopper run on the warpgroup-MMA GEMM
+#: (``prefill.gemm_wgmma``: weights decoded into the MMA's A registers, the rows as its N); for q4_K it beat
 #: the fused GEMM and the rows GEMM at every 7B shape from 8 to 64 rows (H200, us a call,
 #: ``bench_batch_gemm.py --rows 8,16,32,64 --wgmma 1,2,4,8``; at 32 rows gate|up 54.5 vs 79.5 for
 #: the fused GEMM's swapped tile, down 34.1 vs 53.0, qkv 11.6 vs 23.4, o 10.5 vs 14.2). Split-K
@@ -166,7 +166,7 @@ def wgmma_rows(m: int) -> int:
 
 
 def wgmma_split(n: int, k: int) -> int:
-    """Split-K of the warpgroup-MMA GEMM over an ``n x k`` q4_K weight, from its shape alone."""
+    """Split-K of the warpgroup-MMA GEMM over an ``n x k`` weight, from its shape alone."""
     tiles_n, spans, split = -(-n // 64), k // 128, 1
     while (split < WGMMA_MAX_SPLIT and tiles_n * split * 2 <= WGMMA_PROGRAMS
            and spans // (split * 2) >= WGMMA_MIN_SPANS):

@@ -1,0 +1,241 @@
+"""q4_K / q6_K GEMMs of few rows on Hopper's warpgroup MMA, weights decoded straight into its A registers.
+
+``y (M, N) = a (M, K) @ dequant(W).T (+ bias)`` over a plane (``q4_k.plane``, ``q6_k.plane``) for a
+bf16 ``a`` of at most 256 rows. A first small kernel stages ``a`` once a call: float16, K reordered
+(PERM, below), rows padded to ``NA``. The GEMM's program owns 64 weight rows (one warpgroup, the MMA's
+M) and every activation row (the MMA's N), and walks its share of K one 128-value span at a time: the
+span's 64 nibble bytes a row (byte ``p`` holds value ``p`` in its low nibble, ``64 + p`` in its high
+one; q6_K adds a 2-bit field a value from its ``qh`` plane) are loaded 16 contiguous bytes a thread
+and row, decoded in f16x2 arithmetic (the 4- or 6-bit ``q`` put in the mantissa of 1024.0, then one
+subtraction and one fma or multiply with the sub-block's scale) into registers that *are* the wgmma's
+A fragment, and two ``wgmma`` (low nibbles, high nibbles; K = 64 each) multiply them with the span's
+activations, copied to shared memory. The weights never touch shared memory.
+
+The A fragment of thread ``4 g + c`` holds, for K slice ``j`` (16 values), the values ``16 j + 2 c +
+{0, 1, 8, 9}``; the bytes it loads are ``16 c + 4 j + {0 .. 3}``. A value's place in K can be any as
+long as the activations follow it, so logical position ``k = 16 j + 8 h + 4 s + 2 c0 + e`` (``c = 2 s
++ c0``) stands for byte ``p = 32 s + 16 c0 + 4 j + 2 h + e`` (PERM). A thread's 16 bytes of a row then
+lie in one 16-value sub-block, which is why one scale (q4_K: and min) serves all of them.
+
+float16 rather than bf16 operands: a q4_K value is ``q (d sc) - dmin m`` with both products rounded
+once to float16 (2^-11) where bf16 (2^-9) made the batched engine's logits drift from the single
+stream's (``test_gpu_batched_equals_single_stream_engine``); activations are clamped to float16's
+range when staged. Rows keep their bits in any batch: an activation row is one column of the MMA,
+its K order fixed, and the split-K (``SPLIT``, from the weight's shape by the caller) meets in a
+fixed order.
+
+Gluon, CUDA only (compute capability 9.0).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from ..launch.pdl import enter, launch_args
+from ..launch.rows import _reduce_splits_kernel
+from ..q4_k.plane import Q4KPlane
+
+STAGE_BLOCK = 1024  # values a program of the staging kernel
+
+
+def _q4k_ptx() -> str:
+    """Four q4_K bytes of one sub-block pair (``$4``) -> their low-nibble values (``$0``, ``$1``) and
+    high-nibble values (``$2``, ``$3``) as f16x2 ``q s - m``: ``$5`` / ``$9`` the low nibbles' scale
+    and negated min, ``$13`` / ``$17`` the high nibbles', each a float16 pair (the other copies a
+    pack passes are the same registers)."""
+    lines = ["{", ".reg .b32 t<2>, u, mg;", "mov.b32 mg, 0x64006400;",
+             "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
+    for i in range(4):
+        if i == 2:
+            lines += ["shr.b32 t0, t0, 4;", "shr.b32 t1, t1, 4;"]
+        s, m = ("$5", "$9") if i < 2 else ("$13", "$17")
+        lines += [f"and.b32 u, t{i % 2}, 0x000F000F;", "or.b32 u, u, mg;", "sub.rn.f16x2 u, u, mg;",
+                  f"fma.rn.f16x2 ${i}, u, {s}, {m};"]
+    return "\n".join(lines + ["}"])
+
+
+def _q6k_ptx() -> str:
+    """Four q6_K ``ql`` bytes (``$4``) and their ``qh`` bytes (``$5``, shifted right by ``$14`` first:
+    four times the span's half) -> the values of the low nibbles (``$0``, ``$1``; ``qh`` bits 0-1)
+    and of the high nibbles (``$2``, ``$3``; bits 2-3) as f16x2 ``s (q - 32)``, with ``$6`` / ``$10``
+    the two sub-blocks' float16 scale pairs. ``1024 + q`` minus 1056 is ``q - 32`` exactly."""
+    lines = ["{", ".reg .b32 t<2>, g<2>, u, v, mg, mh, h;", "mov.b32 mg, 0x64006400;", "mov.b32 mh, 0x64206420;",
+             "shr.b32 h, $5, $14;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
+             "prmt.b32 g0, h, 0, 0x4140;", "prmt.b32 g1, h, 0, 0x4342;"]
+    for i in range(4):
+        if i == 2:
+            lines += ["shr.b32 t0, t0, 4;", "shr.b32 t1, t1, 4;"]
+        lines += [f"and.b32 u, t{i % 2}, 0x000F000F;", f"shl.b32 v, g{i % 2}, {4 if i < 2 else 2};",
+                  "and.b32 v, v, 0x00300030;", "or.b32 u, u, v;", "or.b32 u, u, mg;", "sub.rn.f16x2 u, u, mh;",
+                  f"mul.rn.f16x2 ${i}, u, {'$6' if i < 2 else '$10'};"]
+    return "\n".join(lines + ["}"])
+
+
+_Q4K, _Q4K_ARGS = gl.constexpr(_q4k_ptx()), gl.constexpr("=r,=r,=r,=r,r," + ",".join(["r"] * 16))
+_Q6K, _Q6K_ARGS = gl.constexpr(_q6k_ptx()), gl.constexpr("=r,=r,=r,=r,r,r," + ",".join(["r"] * 12))
+
+#: A span's bytes of 64 rows as (row, s, c0, i), byte p = 32 s + 16 c0 + i. Registers: i (16
+#: contiguous bytes) and row + 8; lanes: c0, s (c = 2 s + c0), then g (rows); warps: rows 16 and 32.
+#: Reordered by PERM this is the wgmma A fragment (:func:`_to_fragment`).
+BYTES = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8], [8, 0, 0, 0]],
+    lane_bases=[[0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+    warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]], block_bases=[], shape=[64, 2, 2, 16]))
+
+
+@gluon.jit
+def _f16_pair(x):
+    """``x`` rounded to float16, in both halves of an int32 (an f16x2 operand)."""
+    h = x.to(gl.float16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    return h | (h << 16)
+
+
+@gluon.jit
+def _span_words(t, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, ib, n_rows, stride0, stride1, stride2,
+                WTYPE: gl.constexpr):
+    """Span ``t``'s data of rows ``rb`` as loaded: q4_K its bytes ``[64, 2, 2, 16]``, its block's ``d |
+    dmin`` word and the low and high nibbles' ``sc | m << 8`` words (``[64, 2, 1, 1]``); q6_K its
+    ``ql`` and ``qh`` bytes and the low and high nibbles' float16 scales (``[64, 2, 2, 1]``)."""
+    ok = rb < n_rows
+    p = sb * 32 + cb * 16 + ib
+    if WTYPE == 0:
+        return (gl.load(w0_ptr + rb * stride0 + t * 64 + p, mask=ok, other=0),
+                gl.load(w2_ptr + rb * stride2 + t // 2, mask=ok, other=0),
+                gl.load(w1_ptr + rb * stride1 + t * 4 + sb, mask=ok, other=0).to(gl.int32),
+                gl.load(w1_ptr + rb * stride1 + t * 4 + 2 + sb, mask=ok, other=0).to(gl.int32))
+    else:
+        sub = (t // 2) * 16 + (t % 2) * 8 + 2 * sb + cb  # 16-value sub-block of the low nibbles
+        return (gl.load(w0_ptr + rb * stride0 + t * 64 + p, mask=ok, other=0),
+                gl.load(w1_ptr + rb * stride1 + (t // 2) * 64 + p, mask=ok, other=0),
+                gl.load(w2_ptr + rb * stride2 + sub, mask=ok, other=0).to(gl.int32) & 0xFFFF,
+                gl.load(w2_ptr + rb * stride2 + sub + 4, mask=ok, other=0).to(gl.int32) & 0xFFFF)
+
+
+@gluon.jit
+def _decode(t, words, WTYPE: gl.constexpr):
+    """Span ``t``'s words (:func:`_span_words`) -> its low- and high-nibble values, float16
+    ``[64, 2, 2, 16]``."""
+    if WTYPE == 0:
+        b, dmw, lo, hi = words
+        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        dmin = (dmw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        ops = [_f16_pair(d * (lo & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((lo >> 8) & 0xFF).to(gl.float32)),
+               _f16_pair(d * (hi & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((hi >> 8) & 0xFF).to(gl.float32))]
+        return gl.inline_asm_elementwise(_Q4K, _Q4K_ARGS, [b] + [gl.broadcast(o, b)[0] for o in ops],
+                                         dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    else:
+        ql, qh, s0, s1 = words
+        shift = gl.full(ql.shape, 4, gl.int32, ql.type.layout) * (t % 2)
+        return gl.inline_asm_elementwise(
+            _Q6K, _Q6K_ARGS, [ql, qh, gl.broadcast(s0 | (s0 << 16), ql)[0], gl.broadcast(s1 | (s1 << 16), ql)[0],
+                              shift], dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _stage_kernel(a_ptr, x_ptr, M, K, stride_a, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program ``(r, c)``: values ``c BLOCK ..`` of row ``r`` of the staged activations ``x`` (float16
+    ``(NA, K)``, PERM order within each 64-value half span, float16's range, rows from M on zero)."""
+    enter(PDL)
+    r = tl.program_id(0)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    q = k % 64  # logical position 16 j + 8 h + 4 s + 2 c0 + e -> byte 32 s + 16 c0 + 4 j + 2 h + e
+    src = k - q + 32 * ((q >> 2) & 1) + 16 * ((q >> 1) & 1) + 4 * (q >> 4) + 2 * ((q >> 3) & 1) + (q & 1)
+    v = tl.load(a_ptr + r * stride_a + src, mask=(k < K) & (r < M), other=0.0).to(tl.float32)
+    tl.store(x_ptr + r * K + k, tl.minimum(tl.maximum(v, -65504.0), 65504.0).to(tl.float16), mask=k < K)
+
+
+@gluon.jit
+def _to_fragment(v, A: gl.constexpr):
+    """Decoded values ``[64, 2, 2, 16]`` (byte order) -> the wgmma A tile ``[64, 64]`` (PERM order)."""
+    v = gl.reshape(v, [64, 2, 2, 4, 2, 2])  # row, s, c0, j, h, e
+    v = gl.permute(v, (0, 3, 4, 1, 2, 5))  # row, j, h, s, c0, e
+    return gl.convert_layout(gl.reshape(v, [64, 64]), A, assert_trivial=True)
+
+
+@gluon.jit
+def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, y_ptr, M, N, K, stride0, stride1, stride2,
+                       NA: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       PDL: gl.constexpr):
+    """Grid ``(cdiv(N, 64), SPLIT)``; ``WTYPE`` 0: q4_K (``qs``, ``sc`` int16, ``dm`` int32), 1: q6_K
+    (``ql``, ``qh``, ``sc`` as int16). ``y``: ``(M, N)``, or with ``SPLIT > 1`` the partials ``(SPLIT,
+    M, N)`` (bias added by the reduction)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NA, 16])
+    A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    w0 = gl.program_id(0) * 64
+    spans = K // 128
+    per = gl.cdiv(spans, SPLIT)
+    first = gl.program_id(1) * per
+    last = gl.minimum(first + per, spans)
+
+    # this thread's bytes: weight rows rb, byte 32 sb + 16 cb + ib of the span
+    L3: gl.constexpr = gl.SliceLayout(3, BYTES)
+    rb = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
+    sb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None, None]
+    cb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :, None]
+    ib = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, BYTES))))[None, None, None, :]
+    # staged activations (_stage_kernel): row, position of a half span
+    x_off = (gl.arange(0, NA, layout=gl.SliceLayout(1, XL))[:, None] * K
+             + gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :])
+
+    x_lo = gl.allocate_shared_memory(gl.float16, [NA, 64], XS)
+    x_hi = gl.allocate_shared_memory(gl.float16, [NA, 64], XS)
+    acc = gl.zeros([64, NA], gl.float32, layout=MMA)
+    enter(PDL)
+    for t in range(first, last):
+        words = _span_words(t, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, ib, N, stride0, stride1, stride2, WTYPE)
+        x_lo.store(gl.load(x_ptr + x_off + t * 128))
+        x_hi.store(gl.load(x_ptr + x_off + t * 128 + 64))
+        lo, hi = _decode(t, words, WTYPE)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(_to_fragment(lo, A), x_lo.permute((1, 0)), acc)
+        acc = warpgroup_mma(_to_fragment(hi, A), x_hi.permute((1, 0)), acc)
+
+    wr = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))[:, None]
+    am = gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+    ok = (wr < N) & (am < M)
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + wr, mask=wr < N, other=0.0)
+        gl.store(y_ptr + am * N + wr, acc, mask=ok)
+    else:
+        gl.store(y_ptr + gl.program_id(1) * M * N + am * N + wr, acc, mask=ok)
+
+
+def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, split: int,
+               pdl: bool = False) -> torch.Tensor:
+    """``a`` bf16 ``(M, K)`` (``M <= rows``) @ dequant(plane).T (+ bias) -> float32 ``(M, N)`` for a
+    q4_K or q6_K plane; ``rows``: the MMA's N (a power of two from 8 to 256; the engine's row tile,
+    so the instruction does not depend on how many rows came), ``split``: split-K (from the weight's
+    shape); ``pdl``: both kernels (and the split reduction) launch with PDL (``launch.pdl``)."""
+    m, k = a.shape
+    assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0 and m <= rows
+    assert rows in (8, 16, 32, 64, 128, 256)
+    if isinstance(plane, Q4KPlane):
+        w1, w2 = plane.scale_words()
+        ws, wtype = (plane.qs, w1, w2), 0
+    else:
+        ws, wtype = (plane.ql, plane.qh, plane.sc.view(torch.int16)), 1
+    n = ws[0].shape[0]
+    y = torch.empty(m, n, dtype=torch.float32, device=a.device)
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
+    b = bias if bias is not None else y
+    x = torch.empty(rows, k, dtype=torch.float16, device=a.device)
+    _stage_kernel[(rows, triton.cdiv(k, STAGE_BLOCK))](a, x, m, k, a.stride(0), BLOCK=STAGE_BLOCK, **launch_args(pdl))
+    _gemm_wgmma_kernel[(triton.cdiv(n, 64), split)](
+        x, *ws, b, out, m, n, k, *(w.stride(0) for w in ws),
+        NA=rows, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None, num_warps=4, **launch_args(pdl))
+    if split > 1:
+        block = 1024
+        _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, b, y, y, m, n, SPLIT=split,
+                                                             HAS_BIAS=bias is not None, HAS_RES=False,
+                                                             BLOCK=block, **launch_args(pdl))
+    return y
