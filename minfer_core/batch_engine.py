@@ -50,9 +50,10 @@ ROWS_MAX_PARALLEL = 8
 #: generated positions (prompt rows take GPU_PROMPT_TILE). H200, 7B, each pair in one call: B=8 S_TG
 #: 1,453 with 16-row tiles vs 1,279 with 64; B=32 3,381 with 32 vs 3,309 with 64 (not taken then for
 #: its S_PP, measured when prompt rows still ran in these tiles); B=128 8,100 with one 128-row tile vs
-#: 5,896 with two of 64. The fused GEMM's 32-row tiles (swapped operands for the tall weights) beat
-#: one 64-row tile at 32 rows (us a call: gate|up 78.4 vs 82.0, down 54.5 vs 57.3, q6_K down 63.9 vs
-#: 92.7, the output head 395.2 vs 585.4), hence the 32-row bucket. An engine of one sequence
+#: 5,896 with two of 64. mmq_triton's q4_K / q6_K kernels of few rows (on Hopper the warpgroup-MMA
+#: GEMM, else the fused GEMM) take less time at 32 rows than at 64 (us a call, warpgroup-MMA 32 vs
+#: 64 rows: gate|up 54.5 vs 81.5, down 34.1 vs 40.5, q6_K down 40.6 vs 46.3, the output head 250.0
+#: vs 350.4), hence the 32-row bucket. An engine of one sequence
 #: decodes on the decode kernels, so its tiles only carry rows recomputed after a preemption. Tiles
 #: under 64 rows only when every tiled weight's kernel says ``small_tiles`` (one that expands its
 #: weight per call, e.g. the 0.5B's q5_0, would do that 4x as often).

@@ -63,7 +63,8 @@ MIN_STEPS, MIN_STEPS_TINY = 2.0, 1.5
 #: 132 vs 137, output head 742 vs 1,480; qkv and o lose); above, the planes are expanded to bf16
 #: and cuBLAS multiplies.
 FUSED_MAX_ROWS, FUSED_WIDE_ROWS, FUSED_WIDE_VALUES = 64, 128, 48 << 20
-#: Fused GEMM tiles per row bucket: (rows up to, tile of weights under FUSED_TALL_ROWS rows, tile of
+#: Fused GEMM tiles per row bucket (up to 64 rows only where the warpgroup-MMA GEMM is off: before
+#: Hopper, or MINFER_DECODE_MMA=0): (rows up to, tile of weights under FUSED_TALL_ROWS rows, tile of
 #: taller ones); a tile is ``(BLOCK_M, BLOCK_N, num_warps, num_stages, SWAP)``, SWAP: the weight tile
 #: as the MMA's A operand and the rows as its N (``gemm_fused(swap=True)``, wgmma at 16 and 32 rows;
 #: q4_K then decodes in float32 by default, see ``gemm_fused``). H200, 7B q4_K shapes, us a call, one
@@ -151,12 +152,14 @@ def fused_gemm_tile(m: int, qtype: QT, n: int = 0) -> tuple[int, int, int, int, 
 
 
 #: q4_K and q6_K matmuls of at most WGMMA_MAX_ROWS rows on Hopper run on the warpgroup-MMA GEMM
-#: (``prefill.gemm_wgmma``: weights decoded into the MMA's A registers, the rows as its N); for q4_K it beat
-#: the fused GEMM and the rows GEMM at every 7B shape from 8 to 64 rows (H200, us a call,
-#: ``bench_batch_gemm.py --rows 8,16,32,64 --wgmma 1,2,4,8``; at 32 rows gate|up 54.5 vs 79.5 for
-#: the fused GEMM's swapped tile, down 34.1 vs 53.0, qkv 11.6 vs 23.4, o 10.5 vs 14.2). Split-K
-#: doubles while the grid stays within WGMMA_PROGRAMS programs of 64 weight rows and each split
-#: keeps WGMMA_MIN_SPANS spans, up to WGMMA_MAX_SPLIT (o, qkv, down: 8; gate|up: 1).
+#: (``prefill.gemm_wgmma``: weights decoded into the MMA's A registers, the rows as its N). H200, 7B
+#: shapes, us a call (``bench_batch_gemm.py --rows 8,16,32,64 --wgmma 1,2,4,8 [--q6]``; q4_K on the
+#: kernel's bf16 draft): at 32 rows gate|up 54.5, down 34.1, qkv 11.6, o 10.5, q6_K down 40.6, the
+#: output head 250.0, against 82.0, 53.0, 22.0, 15.0, 92.4 and 587.0 for one 64-row fused tile (79.5,
+#: 53.0, 23.4, 14.2, 63.9, 395.2 for the fused 32-row tiles, an earlier call); at 128 rows it loses
+#: (gate|up 144.5 against 132.6, down 75.1 against 67.6). Split-K doubles while the grid stays within
+#: WGMMA_PROGRAMS programs of 64 weight rows and each split keeps WGMMA_MIN_SPANS spans, up to
+#: WGMMA_MAX_SPLIT (o, qkv, down: 8; gate|up: 1; best or within 6% of it at every shape above).
 WGMMA_MAX_ROWS, WGMMA_PROGRAMS, WGMMA_MIN_SPANS, WGMMA_MAX_SPLIT = 64, 640, 2, 8
 
 

@@ -149,3 +149,31 @@ def test_pdl_only_on_hopper_and_not_when_switched_off(monkeypatch):
     assert pdl.gemv_launch_args(False, 8) == {"PDL": False, "PF": 0}
     assert pdl.gemv_launch_args(True, 8) == {"PDL": True, "launch_pdl": True, "PF": 8}
     assert pdl.prefetch_lines(896, 896) > 0 and pdl.prefetch_lines(37888, 3584) == 0
+
+
+def test_wgmma_gemm_only_on_hopper_with_the_mma_switch():
+    """The warpgroup-MMA GEMM serves loads on compute capability 9.0 with MINFER_DECODE_MMA on, nowhere
+    else (wgmma is Hopper's; other GPUs keep the fused GEMM)."""
+    from minfer_core.weights import LoadContext
+    from minfer_mmq_triton.decode import wgmma_enabled
+
+    def ctx(device, cc, mma=True):
+        return LoadContext(device=torch.device(device), compute_capability=cc,
+                           gates={"MINFER_DECODE_MMA": mma}, fuse_mode=2)
+
+    pytest.importorskip("triton.experimental.gluon")
+    assert wgmma_enabled(ctx("cuda", (9, 0)))
+    assert not wgmma_enabled(ctx("cuda", (9, 0), mma=False))
+    assert not any(wgmma_enabled(ctx("cuda", cc)) for cc in ((8, 0), (8, 9), (10, 0), (12, 0)))
+    assert not wgmma_enabled(ctx("cpu", None))
+
+
+def test_wgmma_gemm_split_and_tile_from_the_shape():
+    """Split-K from the weight's shape alone: at the 7B's shapes the split the H200 measured fastest
+    (benchmarks/README.md: 8 for qkv, o and down, 1 for gate|up); the MMA's N a power of two of at
+    least 8 rows covering the call's rows."""
+    from minfer_mmq_triton import tiles
+
+    assert [tiles.wgmma_split(n, k) for n, k in ((4608, 3584), (3584, 3584), (3584, 18944))] == [8, 8, 8]
+    assert tiles.wgmma_split(37888, 3584) == 1
+    assert [tiles.wgmma_rows(m) for m in (1, 8, 9, 16, 17, 33, 64)] == [8, 8, 16, 16, 32, 64, 64]

@@ -57,9 +57,14 @@ def rows_gemm(kernel, weights: tuple, n: int, steps: int, x: torch.Tensor, bias,
                  HAS_RES=residual is not None, T=tiles, G=groups, SPLIT=split, AHEAD=ahead, num_warps=num_warps,
                  **launch_args(pdl))
     if split > 1:
-        block = 1024
-        _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, b, r, y, m, n, SPLIT=split,
-                                                             HAS_BIAS=bias is not None,
-                                                             HAS_RES=residual is not None, BLOCK=block,
-                                                             **launch_args(pdl))
+        reduce_splits(out, bias, residual, y, pdl)
     return y
+
+
+def reduce_splits(part: torch.Tensor, bias, residual, y: torch.Tensor, pdl: bool = False) -> None:
+    """``y (M, N) = sum of part[s] (SPLIT, M, N) in order s = 0, 1, ... [+ bias] [+ residual]``."""
+    split, m, n = part.shape
+    block = 1024
+    _reduce_splits_kernel[(triton.cdiv(m * n, block),)](
+        part, bias if bias is not None else y, residual if residual is not None else y, y, m, n, SPLIT=split,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=block, **launch_args(pdl))

@@ -15,7 +15,8 @@ The A fragment of thread ``4 g + c`` holds, for K slice ``j`` (16 values), the v
 {0, 1, 8, 9}``; the bytes it loads are ``16 c + 4 j + {0 .. 3}``. A value's place in K can be any as
 long as the activations follow it, so logical position ``k = 16 j + 8 h + 4 s + 2 c0 + e`` (``c = 2 s
 + c0``) stands for byte ``p = 32 s + 16 c0 + 4 j + 2 h + e`` (PERM). A thread's 16 bytes of a row then
-lie in one 16-value sub-block, which is why one scale (q4_K: and min) serves all of them.
+are one run of 16 values, inside one sub-block (q4_K: 32 values, q6_K: 16), which is why one scale
+(q4_K: and one min) serves all of them.
 
 float16 rather than bf16 operands: a q4_K value is ``q (d sc) - dmin m`` with both products rounded
 once to float16 (2^-11) where bf16 (2^-9) made the batched engine's logits drift from the single
@@ -37,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ..launch.pdl import enter, launch_args
-from ..launch.rows import _reduce_splits_kernel
+from ..launch.rows import reduce_splits
 from ..q4_k.plane import Q4KPlane
 
 STAGE_BLOCK = 1024  # values a program of the staging kernel
@@ -234,8 +235,5 @@ def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, spl
         x, *ws, b, out, m, n, k, *(w.stride(0) for w in ws),
         NA=rows, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None, num_warps=4, **launch_args(pdl))
     if split > 1:
-        block = 1024
-        _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, b, y, y, m, n, SPLIT=split,
-                                                             HAS_BIAS=bias is not None, HAS_RES=False,
-                                                             BLOCK=block, **launch_args(pdl))
+        reduce_splits(out, bias, None, y, pdl)
     return y
