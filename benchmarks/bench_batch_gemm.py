@@ -10,8 +10,9 @@ tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ah
 its q4_K scales loaded a step ahead and not; ``--fused-swap [only]``: each with the weight tile as the
 MMA's A operand and the rows as its N, and not (or that alone); ``--ready``: above 64 rows, cuBLAS on a
 ready bf16 copy too (``MINFER_MMQ=0``'s route); ``--fused-decode``: each with q4_K decoded in float32 and
-in bf16x2; ``--wgmma 1,2,4``: the warpgroup-MMA GEMM (``prefill.gemm_wgmma``) at these splits (with its largest
-difference from the fused GEMM's float32 product, relative to the largest |value|). ``--q6``: the 7B's q6_K weights instead.
+in bf16x2; ``--wgmma 1,2,4``: the warpgroup-MMA GEMM (``prefill.gemm_wgmma``) at these splits, with
+its largest difference from the fused GEMM's float32 product relative to the largest |value|. ``--q6``:
+the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
 the two products relative to the largest |value|.
@@ -115,7 +116,7 @@ def main() -> None:
                                         ahead=ah))
             am = torch.randn(m, k, device="cuda").bfloat16()
             for split in [int(v) for v in args.wgmma.split(",") if v]:
-                na = -(-m // 8) * 8
+                na = tiles.wgmma_rows(m)
                 want = gemm_fused(am, ps[0], None, packed=False)
                 err = ((gemm_wgmma(am, ps[0], None, na, split) - want).abs().max() / want.abs().max()).item()
                 row(m, f"wgmma split {split} (max diff / max {err:.1e})",

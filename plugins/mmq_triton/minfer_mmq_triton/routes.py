@@ -27,8 +27,8 @@ from gguf import GGMLQuantizationType as QT
 from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
 
 from . import planes, tiles
-from .families import INT8, SERVED
 from .decode import wgmma_enabled
+from .families import INT8, SERVED
 from .launch.pdl import enabled as pdl_enabled
 
 PLUGIN = "mmq_triton"
@@ -176,7 +176,7 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         label = f"mmq.nb.{name}" if gate_on(ctx, _BUILDER_GATE[qt]) else f"mmq.nb.raw.{name}"
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
-        # with its plane built, up to 64 rows run the fused GEMM, which expands nothing per call
+        # with its plane built, up to 64 rows run the warpgroup-MMA or the fused GEMM, which expand nothing
         fn, tiled = _plane_fn(weight, pdl_enabled(ctx), wgmma_enabled(ctx))
         return [Candidate(PLUGIN, label, fn, gate, reads, reads_raw=not built, small_tiles=built, tiled=tiled)]
     fn, tiled = _raw_fn(weight)

@@ -159,7 +159,8 @@ def fused_gemm_tile(m: int, qtype: QT, n: int = 0) -> tuple[int, int, int, int, 
 #: 53.0, 23.4, 14.2, 63.9, 395.2 for the fused 32-row tiles, an earlier call); at 128 rows it loses
 #: (gate|up 144.5 against 132.6, down 75.1 against 67.6). Split-K doubles while the grid stays within
 #: WGMMA_PROGRAMS programs of 64 weight rows and each split keeps WGMMA_MIN_SPANS spans, up to
-#: WGMMA_MAX_SPLIT (o, qkv, down: 8; gate|up: 1; best or within 6% of it at every shape above).
+#: WGMMA_MAX_SPLIT: o, qkv and down 8 (the fastest measured at each row count), gate|up 1 (within 6%
+#: of the fastest), the output head 1 (timed at splits 4 and 8 only).
 WGMMA_MAX_ROWS, WGMMA_PROGRAMS, WGMMA_MIN_SPANS, WGMMA_MAX_SPLIT = 64, 640, 2, 8
 
 

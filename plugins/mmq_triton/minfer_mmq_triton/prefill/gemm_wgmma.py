@@ -45,10 +45,10 @@ STAGE_BLOCK = 1024  # values a program of the staging kernel
 
 
 def _q4k_ptx() -> str:
-    """Four q4_K bytes of one sub-block pair (``$4``) -> their low-nibble values (``$0``, ``$1``) and
-    high-nibble values (``$2``, ``$3``) as f16x2 ``q s - m``: ``$5`` / ``$9`` the low nibbles' scale
-    and negated min, ``$13`` / ``$17`` the high nibbles', each a float16 pair (the other copies a
-    pack passes are the same registers)."""
+    """Four q4_K bytes (``$4``; their low nibbles lie in one sub-block, their high nibbles in another)
+    -> the low-nibble values (``$0``, ``$1``) and the high-nibble values (``$2``, ``$3``) as f16x2
+    ``q s - m``: ``$5`` / ``$9`` the low nibbles' scale and negated min, ``$13`` / ``$17`` the high
+    nibbles', each a float16 pair (the other copies a pack passes are the same registers)."""
     lines = ["{", ".reg .b32 t<2>, u, mg;", "mov.b32 mg, 0x64006400;",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
     for i in range(4):
