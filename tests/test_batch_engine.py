@@ -363,6 +363,24 @@ def test_gpu_rows_kernels_alone_vs_among_63_others(synth_7b):
 
 
 @pytest.mark.cuda
+def test_gpu_wgmma_tiles_alone_vs_among_31_others(synth_7b, monkeypatch):
+    """An engine of 32 sequences runs its q4_K and q6_K weights over 32-row tiles on the warpgroup-MMA
+    GEMM (Hopper): a request's tokens are the same alone or among 31 others."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warpgroup-MMA GEMM is Hopper's")
+    from minfer_mmq_triton.prefill import gemm_wgmma
+
+    calls = []
+    real = gemm_wgmma.gemm_wgmma
+    monkeypatch.setattr(gemm_wgmma, "gemm_wgmma", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    be = BatchEngine.load(synth_7b, n_ctx=512, parallel=32, max_queue=64, progress=False)
+    ids = be.tok.encode("def quicksort(items):", add_special=True)
+    alone_tokens, among = among_others(be, ids, 31, 32, max_prompt=200)
+    assert among == alone_tokens
+    assert be.row_tile == 32 and 32 in calls
+
+
+@pytest.mark.cuda
 def test_gpu_alone_vs_among_128_others(synth_05b):
     be = BatchEngine.load(synth_05b, n_ctx=1024, parallel=129, max_queue=256, progress=False)
     ids = be.tok.encode("def quicksort(items):", add_special=True)
