@@ -115,9 +115,9 @@ def main() -> None:
                     lambda p: gemm_rows(x, dps[id(p)], None, t, g, w, tiles.fused_split(n, k // 128, 16 * t * w),
                                         ahead=ah))
             am = torch.randn(m, k, device="cuda").bfloat16()
+            na = tiles.wgmma_rows(m)
+            want = gemm_fused(am, ps[0], None, packed=False) if args.wgmma else None
             for split in [int(v) for v in args.wgmma.split(",") if v]:
-                na = tiles.wgmma_rows(m)
-                want = gemm_fused(am, ps[0], None, packed=False)
                 err = ((gemm_wgmma(am, ps[0], None, na, split) - want).abs().max() / want.abs().max()).item()
                 row(m, f"wgmma split {split} (max diff / max {err:.1e})",
                     lambda p: gemm_wgmma(am, p, None, na, split))

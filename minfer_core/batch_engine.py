@@ -53,10 +53,10 @@ ROWS_MAX_PARALLEL = 8
 #: 5,896 with two of 64. mmq_triton's q4_K / q6_K kernels of few rows (on Hopper the warpgroup-MMA
 #: GEMM, else the fused GEMM) take less time at 32 rows than at 64 (us a call, warpgroup-MMA 32 vs
 #: 64 rows: gate|up 54.5 vs 81.5, down 34.1 vs 40.5, q6_K down 40.6 vs 46.3, the output head 250.0
-#: vs 350.4), hence the 32-row bucket. An engine of one sequence
-#: decodes on the decode kernels, so its tiles only carry rows recomputed after a preemption. Tiles
-#: under 64 rows only when every tiled weight's kernel says ``small_tiles`` (one that expands its
-#: weight per call, e.g. the 0.5B's q5_0, would do that 4x as often).
+#: vs 350.4), hence the 32-row bucket. An engine of one sequence decodes on the decode kernels, so
+#: its tiles only carry rows recomputed after a preemption. Tiles under 64 rows only when every
+#: tiled weight's kernel says ``small_tiles`` (one that expands its weight per call, e.g. the 0.5B's
+#: q5_0, would do that 4x as often).
 GPU_ROW_TILES = ((1, 64), (16, 16), (32, 32), (64, 64), (None, 128))
 #: Tile of a step's prompt rows on a GPU (TiledPromptMatmuls): each weight is expanded once a step
 #: and cuBLAS multiplies the tiles; 256-row tiles are where a bf16 GEMM stops being bound by reading

@@ -1,8 +1,8 @@
 """Programmatic dependent launch changes when a decode kernel starts, never what it computes: with
 ``MINFER_PDL=0`` and without it, every decode step's logits are bit-for-bit the same, with the step
-replayed as a CUDA graph and run eagerly, and so are a batched engine's (rows GEMMs, fused tiles). A kernel
-that read its predecessor's output before ``griddepcontrol.wait`` would race and, sooner or later,
-differ."""
+replayed as a CUDA graph and run eagerly, and so are a batched engine's (rows GEMMs, row tiles). A
+kernel that read its predecessor's output before ``griddepcontrol.wait`` would race and, sooner or
+later, differ."""
 
 from __future__ import annotations
 

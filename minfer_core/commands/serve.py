@@ -25,8 +25,8 @@ def add_parser(sub):
     p.add_argument("--parallel", "-np", type=int, default=8, metavar="N",
                    help="sequences decoded together (default: 8); up to 8 the batched step uses the plugins' "
                         "row-invariant kernels, other weights run over fixed row tiles (on a GPU 16 rows up to "
-                        "16 sequences, 32 up to 32, 64 up to 64, 128 above); at 1 decode steps run the single-stream decode "
-                        "kernels")
+                        "16 sequences, 32 up to 32, 64 up to 64, 128 above); at 1 decode steps run the "
+                        "single-stream decode kernels")
     p.add_argument("--max-queue", type=int, default=256, metavar="Q",
                    help="requests waiting beyond --parallel before new ones get 429 (default: 256)")
     p.add_argument("--gpu-memory", type=float, default=None, metavar="FRACTION",

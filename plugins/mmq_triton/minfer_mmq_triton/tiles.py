@@ -125,9 +125,14 @@ def fused_split(n: int, spans: int, bn: int) -> int:
     ``BLOCK_N = bn``: from the weight's shape alone (never the row count), so that a row gets the
     same bits in a batch of any size. Doubles while the output tiles of one row block stay under
     FUSED_PROGRAMS and each split keeps FUSED_MIN_SPANS steps."""
-    tiles_n, split = -(-n // bn), 1
-    while (split < FUSED_MAX_SPLIT and tiles_n * split * 2 <= FUSED_PROGRAMS
-           and spans // (split * 2) >= FUSED_MIN_SPANS):
+    return doubling_split(-(-n // bn), spans, FUSED_PROGRAMS, FUSED_MIN_SPANS, FUSED_MAX_SPLIT)
+
+
+def doubling_split(tiles_n: int, spans: int, programs: int, min_spans: int, max_split: int) -> int:
+    """Split-K for ``tiles_n`` output tiles of ``spans`` K steps: doubles while the grid stays within
+    ``programs``, each split keeps ``min_spans`` steps and the split stays under ``max_split``."""
+    split = 1
+    while split < max_split and tiles_n * split * 2 <= programs and spans // (split * 2) >= min_spans:
         split *= 2
     return split
 
@@ -171,11 +176,7 @@ def wgmma_rows(m: int) -> int:
 
 def wgmma_split(n: int, k: int) -> int:
     """Split-K of the warpgroup-MMA GEMM over an ``n x k`` weight, from its shape alone."""
-    tiles_n, spans, split = -(-n // 64), k // 128, 1
-    while (split < WGMMA_MAX_SPLIT and tiles_n * split * 2 <= WGMMA_PROGRAMS
-           and spans // (split * 2) >= WGMMA_MIN_SPANS):
-        split *= 2
-    return split
+    return doubling_split(-(-n // 64), k // 128, WGMMA_PROGRAMS, WGMMA_MIN_SPANS, WGMMA_MAX_SPLIT)
 
 
 #: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,
