@@ -36,7 +36,7 @@ from .dispatch import wrap_step
 from .engine import Engine, StopStream, log, prompt_bucket
 from .errors import UserError
 from .kv_pages import BlockPool
-from .matmuls import BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
+from .matmuls import PREFILL_ROWS, BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
 from .sampling import Sampler, SamplerConfig
 from .scheduler import Scheduler, Sequence, Work
 
@@ -149,6 +149,8 @@ class BatchEngine:
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (self._gpu_row_tile(parallel) if self.model.device.type == "cuda" else 16)
+        if self.row_tile < PREFILL_ROWS:  # a tile of fewer rows would run the one-row decode kernels, once a row
+            raise UserError(f"row tile {self.row_tile}: a row tile holds at least {PREFILL_ROWS} rows")
         self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
         self.prompt_tile = prompt_tile or (GPU_PROMPT_TILE if self.model.device.type == "cuda" else 16)
         self.prompt_mm = TiledPromptMatmuls(self.model.rt, self.prompt_tile)

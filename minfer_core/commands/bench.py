@@ -40,8 +40,8 @@ def add_parser(sub):
                         "prompt tokens prefilled together, then -n tokens each decoded together")
     p.add_argument("--row-tile", type=values.positive, metavar="N",
                    help="with --batch: decoding rows per fixed matmul tile of the batched engine (default on CUDA "
-                        "by B: 16 up to 16 sequences, 32 up to 32, 64 up to 64, else 128; 16 on the CPU); a step "
-                        "of B rows runs every tiled matmul ceil(B / N) times")
+                        "by B: 16 up to 16 sequences, 32 up to 32, 64 up to 64, else 128; 16 on the CPU), at least "
+                        "16; a step of B rows runs every tiled matmul ceil(B / N) times")
     p.add_argument("--prompt-tile", type=values.positive, metavar="N",
                    help="with --batch: prompt rows per fixed matmul tile, at least 16 (default: 256 on CUDA, 16 on "
                         "the CPU); each weight is expanded once a step and multiplied N rows at a time")
@@ -148,6 +148,8 @@ def _run_batched(args, tests) -> int:
         raise UserError("--batch needs batch sizes and both -p and -n")
     if args.prompt_tile is not None and args.prompt_tile < PREFILL_ROWS:
         raise UserError(f"--prompt-tile {args.prompt_tile}: a prompt tile holds at least {PREFILL_ROWS} rows")
+    if args.row_tile is not None and args.row_tile < PREFILL_ROWS:
+        raise UserError(f"--row-tile {args.row_tile}: a row tile holds at least {PREFILL_ROWS} rows")
     path = resolve_model(args.model)
     n_ctx = max(pps) + max(tgs) + 16
     results = []
