@@ -66,6 +66,13 @@ GPU_PROMPT_TILE = 256
 _ids = itertools.count()
 
 
+def check_row_tile(n: int, name: str = "row tile") -> None:
+    """Raise UserError for a row tile under PREFILL_ROWS rows: each of its matmuls would run the
+    weight's one-row decode kernel, once a row."""
+    if n < PREFILL_ROWS:
+        raise UserError(f"{name} {n}: a row tile holds at least {PREFILL_ROWS} rows")
+
+
 class QueueFull(Exception):
     """The request queue is full (or the engine is draining): retry later (HTTP 503)."""
 
@@ -149,8 +156,7 @@ class BatchEngine:
         self.tok, self.cfg, self.n_ctx = engine.tok, engine.cfg, engine.model.n_ctx
         self.block_size, self.max_queue = block_size, max_queue
         self.row_tile = row_tile or (self._gpu_row_tile(parallel) if self.model.device.type == "cuda" else 16)
-        if self.row_tile < PREFILL_ROWS:  # a tile of fewer rows would run the one-row decode kernels, once a row
-            raise UserError(f"row tile {self.row_tile}: a row tile holds at least {PREFILL_ROWS} rows")
+        check_row_tile(self.row_tile)
         self.step_mm = BatchMatmuls(self.model.rt, self.row_tile, self.rows)
         self.prompt_tile = prompt_tile or (GPU_PROMPT_TILE if self.model.device.type == "cuda" else 16)
         self.prompt_mm = TiledPromptMatmuls(self.model.rt, self.prompt_tile)

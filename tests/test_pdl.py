@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minfer_core.run_configs import applied, parse_config
 from minfer_core.batch_engine import BatchEngine
 from minfer_core.engine import Engine
+from minfer_core.run_configs import applied, parse_config
 from test_batch_engine import Collect, run
 from test_kernels_e2e import tiny_model
 

@@ -136,7 +136,7 @@ def _markdown(rows: list[dict], memory: bool) -> None:
 
 
 def _run_batched(args, tests) -> int:
-    from ..batch_engine import BatchEngine
+    from ..batch_engine import BatchEngine, check_row_tile
     from ..throughput import batched_table, run_batched
     from ..run_configs import load_under, parse_config
     from ..fetch import resolve_model
@@ -148,8 +148,8 @@ def _run_batched(args, tests) -> int:
         raise UserError("--batch needs batch sizes and both -p and -n")
     if args.prompt_tile is not None and args.prompt_tile < PREFILL_ROWS:
         raise UserError(f"--prompt-tile {args.prompt_tile}: a prompt tile holds at least {PREFILL_ROWS} rows")
-    if args.row_tile is not None and args.row_tile < PREFILL_ROWS:
-        raise UserError(f"--row-tile {args.row_tile}: a row tile holds at least {PREFILL_ROWS} rows")
+    if args.row_tile is not None:
+        check_row_tile(args.row_tile, "--row-tile")  # before the model loads
     path = resolve_model(args.model)
     n_ctx = max(pps) + max(tgs) + 16
     results = []
