@@ -355,15 +355,18 @@ def test_real_model_alone_vs_among_others_and_single_stream(qwen_path):
 
 @pytest.mark.cuda
 def test_gpu_rows_kernels_alone_vs_among_63_others(synth_7b):
-    """An engine of 64 sequences asked to run the q4_K weights on the row-invariant rows GEMM over all
-    of a step's rows (no tiles): a request's tokens are still the same alone or among 63 others."""
+    """An engine of 64 sequences asked to run the q4_K weights on the row-invariant kernels over all
+    of a step's rows (no tiles; on Hopper qkv, o and gate|up on the warpgroup-MMA GEMM in 8-row
+    groups): a request's tokens are still the same alone or among 63 others."""
     be = BatchEngine.load(synth_7b, n_ctx=512, parallel=64, max_queue=128, progress=False, rows=True)
     rt = be.model.rt
-    assert be.rows and sum(c.label == "mmq.rows.q4_k" for c in rt.plan.batch.values()) >= 3 * be.cfg.n_layers
+    q4k = ("mmq.rows.q4_k", "mmq.rows.wgmma.q4_k")
+    assert be.rows and sum(c.label in q4k for c in rt.plan.batch.values()) >= 3 * be.cfg.n_layers
     ids = be.tok.encode("def quicksort(items):", add_special=True)
     alone_tokens, among = among_others(be, ids, 63, 32, max_prompt=200)
     assert among == alone_tokens
-    assert rt.counts["mmq.rows.q4_k"] > 0
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert rt.counts["mmq.rows.q4_k"] > 0 and (rt.counts["mmq.rows.wgmma.q4_k"] > 0) == hopper
 
 
 @pytest.mark.cuda

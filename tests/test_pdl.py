@@ -55,14 +55,14 @@ def test_pdl_leaves_logits_bitwise_equal(tmp_path, mix, graphs):
 
 def _batched(path, spec: str, parallel: int, prompts: list[list[int]], n: int) -> list[list[torch.Tensor]]:
     """Each request's logits, step by step, from an engine of ``parallel`` sequences (decode graphs;
-    8: the rows GEMMs, 32: the fused GEMM's 32-row tiles)."""
+    8: the rows GEMMs and (Hopper) the warpgroup-MMA GEMM's 8-row groups, 32: 32-row tiles)."""
     with applied(parse_config(spec)):
         be = BatchEngine.load(path, n_ctx=256, parallel=parallel, max_queue=16, progress=False)
     assert be.rows == (parallel <= 8) and be.attn.fn.pdl == spec.endswith("1")  # the switch took
     c, got = Collect(), {}
     reqs = [c.req(p, n, ignore_eos=True) for p in prompts]
     run(be, {0: reqs[:5], 2: reqs[5:]}, got)
-    labels = ("mmq.rows.q4_k", "mmq.rows.q6_k") if be.rows else ("mmq.nb.q4_k", "mmq.nb.q6_k")
+    labels = ("mmq.rows.wgmma.q4_k", "mmq.rows.q4_k", "mmq.rows.q6_k") if be.rows else ("mmq.nb.q4_k", "mmq.nb.q6_k")
     assert all(be.model.rt.counts[label] > 0 for label in labels), be.model.rt.counts
     return [[row.cpu() for row in got[r.id]] for r in reqs]
 

@@ -179,6 +179,19 @@ def wgmma_split(n: int, k: int) -> int:
     return doubling_split(-(-n // 64), k // 128, WGMMA_PROGRAMS, WGMMA_MIN_SPANS, WGMMA_MAX_SPLIT)
 
 
+#: The batched step's q4_K weights of at most as many inputs as outputs (the 7B's qkv, o and gate|up)
+#: run, on Hopper, on the warpgroup-MMA GEMM in groups of WGMMA_BATCH_ROWS rows (the MMA's N, fixed
+#: whatever the step's row count, so a row's bits do not depend on it), split-K by ``wgmma_split``.
+#: Other weights stay on the rows GEMMs, which were faster for them at 8 rows (H200, us a call: q6_K
+#: down 37.8 rows vs 57.1 warpgroup-MMA at split 4).
+WGMMA_BATCH_ROWS = 8
+
+
+def wgmma_batch(qtype, n: int, k: int) -> bool:
+    """Whether the batched step multiplies this weight on the warpgroup-MMA GEMM (Hopper)."""
+    return qtype == QT.Q4_K and k <= n
+
+
 #: The batched step's tensor-core GEMM (``q4_k.gemm_mma``): (tiles a warp, 8-row groups a program,
 #: num_warps); its split-K comes from the weight's shape, like the fused GEMM's.
 ROWS_TILE = (2, 1, 4)

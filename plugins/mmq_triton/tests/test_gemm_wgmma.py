@@ -47,3 +47,60 @@ def test_wgmma_gemm_rows_keep_their_bits(qt, split):
     other = a.clone()
     other[:5] = torch.randn(5, k, device="cuda").to(torch.bfloat16)
     assert torch.equal(gemm_wgmma(other, plane, w.bias, 32, split)[5:], y[5:])
+
+
+#: Worst error over ``sum |x w|`` of the float16 GEMM (activations and ``q (d sc) - dmin m`` rounded to
+#: float16, 2^-11 each, against float64)
+TOL_F16 = 2e-3
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("split", [1, 4])
+def test_wgmma_gemm_prologues_and_residual(qt, split):
+    """Float32 rows, RMSNorm or SwiGLU applied by the staging kernel, the residual added in the
+    epilogue (split 1) or by the split reduction, against float64."""
+    from test_decode_gemv import oracle_dense
+    from test_decode_mma import check_prologues
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma import gemm_wgmma
+
+    n, k = 300, 2048
+    w = _weight(qt, n, k, seed=7, bias=False)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    check_prologues(lambda x, **kw: gemm_wgmma(x, plane, None, 8, split, **kw), oracle_dense(w.raw, qt).cuda(),
+                    5, gen, tol=TOL_F16)
+
+
+@pytest.mark.parametrize("n,k", [(300, 2048), (4608, 3584)], ids=str)
+def test_wgmma_batch_route_in_groups_of_8(n, k):
+    """The batched step's route for q4_K (``batch._wgmma_fn``): 1, 8 and 11 rows (two groups), with
+    the producers and the residual, against float64."""
+    from test_decode_gemv import oracle_dense
+    from test_decode_mma import check_prologues
+    from minfer_mmq_triton import batch
+
+    w = _weight(QT.Q4_K, n, k, seed=7, bias=False)
+    w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    route = batch._wgmma_fn(w, pdl=False)
+    for m in (1, 8, 11):
+        check_prologues(route, w64, m, gen, tol=TOL_F16)
+
+
+def test_wgmma_batch_route_rows_keep_their_bits():
+    """A row's bits through the batched step's route are the same alone, among 7 others, and among 12
+    (two groups), at any position, with its producer and residual."""
+    from minfer_mmq_triton import batch
+
+    n, k = 4608, 3584
+    w = _weight(QT.Q4_K, n, k, seed=9)
+    route = batch._wgmma_fn(w, pdl=False)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    h = torch.randn(13, k, generator=gen, device="cuda")
+    res = torch.randn(13, n, generator=gen, device="cuda")
+    nw = torch.rand(k, generator=gen, device="cuda") + 0.5
+    full = route(h, residual=res, norm=(nw, 1e-6))
+    for lo, hi in ((0, 1), (12, 13), (3, 11), (5, 13)):
+        part = route(h[lo:hi].contiguous(), residual=res[lo:hi].contiguous(), norm=(nw, 1e-6))
+        assert torch.equal(part, full[lo:hi]), (lo, hi)

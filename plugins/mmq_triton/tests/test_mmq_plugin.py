@@ -177,3 +177,27 @@ def test_wgmma_gemm_split_and_tile_from_the_shape():
     assert [tiles.wgmma_split(n, k) for n, k in ((4608, 3584), (3584, 3584), (3584, 18944))] == [8, 8, 8]
     assert tiles.wgmma_split(37888, 3584) == 1
     assert [tiles.wgmma_rows(m) for m in (1, 8, 9, 16, 17, 33, 64)] == [8, 8, 16, 16, 32, 64, 64]
+
+
+def test_batched_step_puts_wide_q4k_weights_on_the_wgmma_gemm_on_hopper():
+    """The batched step's candidates: on compute capability 9.0, q4_K weights with no more inputs than
+    outputs (the 7B's qkv, o, gate|up) on the warpgroup-MMA GEMM; the 7B's down (18,944 inputs) and
+    q6_K weights on the rows GEMMs; on 8.0 every q4_K / q6_K weight on the rows GEMMs; no candidate
+    for other types. Weights without data give planning-only candidates (``minfer gates -m``)."""
+    from minfer_core.weights import LoadContext, Weight
+    from minfer_mmq_triton.batch import batch_candidates
+
+    pytest.importorskip("triton.experimental.gluon")
+
+    def label(qt, n, k, cc):
+        ctx = LoadContext(device=torch.device("cuda"), compute_capability=cc, gates={}, fuse_mode=2)
+        got = batch_candidates(Weight("w", qt, (n, k), None, "o"), ctx)
+        return got[0].label if got else None
+
+    hopper, ampere = (9, 0), (8, 0)
+    assert [label(QT.Q4_K, n, k, hopper) for n, k in ((4608, 3584), (3584, 3584), (37888, 3584))] == \
+        ["mmq.rows.wgmma.q4_k"] * 3
+    assert label(QT.Q4_K, 3584, 18944, hopper) == "mmq.rows.q4_k"
+    assert label(QT.Q6_K, 152064, 3584, hopper) == label(QT.Q6_K, 3584, 18944, hopper) == "mmq.rows.q6_k"
+    assert label(QT.Q4_K, 4608, 3584, ampere) == "mmq.rows.q4_k"
+    assert label(QT.Q5_0, 4608, 3584, hopper) is None

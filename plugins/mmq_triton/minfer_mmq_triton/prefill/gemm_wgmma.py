@@ -138,15 +138,32 @@ def _decode(t, words, WTYPE: gl.constexpr):
 
 
 @triton.jit
-def _stage_kernel(a_ptr, x_ptr, M, K, stride_a, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _stage_kernel(a_ptr, x_ptr, nw_ptr, M, K, stride_a, eps, BLOCK: tl.constexpr, PRO: tl.constexpr,
+                  PDL: tl.constexpr):
     """Program ``(r, c)``: values ``c BLOCK ..`` of row ``r`` of the staged activations ``x`` (float16
-    ``(NA, K)``, PERM order within each 64-value half span, float16's range, rows from M on zero)."""
+    ``(NA, K)``, PERM order within each 64-value half span, float16's range, rows from M on zero).
+
+    PRO, the producer applied first (the batched step's): 0 none; 1 RMSNorm, ``a * rsqrt(mean(a^2) +
+    eps) * nw`` (each program sums the squares of the whole row); 2 SwiGLU of a ``(M, 2K)`` row
+    ``[g | u]``: ``silu(g) * u``."""
     enter(PDL)
     r = tl.program_id(0)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     q = k % 64  # logical position 16 j + 8 h + 4 s + 2 c0 + e -> byte 32 s + 16 c0 + 4 j + 2 h + e
     src = k - q + 32 * ((q >> 2) & 1) + 16 * ((q >> 1) & 1) + 4 * (q >> 4) + 2 * ((q >> 3) & 1) + (q & 1)
-    v = tl.load(a_ptr + r * stride_a + src, mask=(k < K) & (r < M), other=0.0).to(tl.float32)
+    row = a_ptr + r * stride_a
+    lim = tl.where(r < M, K, 0)  # values to read from this row
+    ok = k < lim
+    v = tl.load(row + src, mask=ok, other=0.0).to(tl.float32)
+    if PRO == 1:
+        sq = tl.zeros([BLOCK], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            i = k0 + tl.arange(0, BLOCK)
+            u = tl.load(row + i, mask=i < lim, other=0.0).to(tl.float32)
+            sq += u * u
+        v = v * tl.rsqrt(tl.sum(sq, axis=0) / K + eps) * tl.load(nw_ptr + src, mask=k < K, other=0.0)
+    if PRO == 2:
+        v = v * tl.sigmoid(v) * tl.load(row + K + src, mask=ok, other=0.0).to(tl.float32)
     tl.store(x_ptr + r * K + k, tl.minimum(tl.maximum(v, -65504.0), 65504.0).to(tl.float16), mask=k < K)
 
 
@@ -159,12 +176,13 @@ def _to_fragment(v, A: gl.constexpr):
 
 
 @gluon.jit
-def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, y_ptr, M, N, K, stride0, stride1, stride2,
-                       NA: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       PDL: gl.constexpr):
+def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride0, stride1,
+                       stride2, NA: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       HAS_RES: gl.constexpr, PDL: gl.constexpr):
     """Grid ``(cdiv(N, 64), SPLIT)``; ``WTYPE`` 0: q4_K (``qs``, ``sc`` int16, ``dm`` int32), 1: q6_K
-    (``ql``, ``qh``, ``sc`` as int16). ``y``: ``(M, N)``, or with ``SPLIT > 1`` the partials ``(SPLIT,
-    M, N)`` (bias added by the reduction)."""
+    (``ql``, ``qh``, ``sc`` as int16). ``y``: ``(M, N)`` (+ bias, + the residual ``(M, N)`` under
+    HAS_RES), or with ``SPLIT > 1`` the partials ``(SPLIT, M, N)`` (bias and residual added by the
+    reduction)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NA, 16])
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -206,19 +224,28 @@ def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, y_ptr, M, N, K, 
     if SPLIT == 1:
         if HAS_BIAS:
             acc += gl.load(bias_ptr + wr, mask=wr < N, other=0.0)
+        if HAS_RES:
+            acc += gl.load(res_ptr + am * N + wr, mask=ok, other=0.0)
         gl.store(y_ptr + am * N + wr, acc, mask=ok)
     else:
         gl.store(y_ptr + gl.program_id(1) * M * N + am * N + wr, acc, mask=ok)
 
 
 def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, split: int,
-               pdl: bool = False) -> torch.Tensor:
-    """``a`` bf16 ``(M, K)`` (``M <= rows``) @ dequant(plane).T (+ bias) -> float32 ``(M, N)`` for a
-    q4_K or q6_K plane; ``rows``: the MMA's N (a power of two from 8 to 256; the engine's row tile,
-    so the instruction does not depend on how many rows came), ``split``: split-K (from the weight's
-    shape); ``pdl``: both kernels (and the split reduction) launch with PDL (``launch.pdl``)."""
+               pdl: bool = False, residual: torch.Tensor | None = None, norm: tuple | None = None,
+               swiglu: bool = False) -> torch.Tensor:
+    """``[residual +] f(a) (M, K) @ dequant(plane).T (+ bias)`` -> float32 ``(M, N)`` for a q4_K or q6_K
+    plane; ``a``: bf16 or float32, ``(M, 2K)`` with ``swiglu``; ``f`` the staging kernel's producer:
+    RMSNorm with ``norm=(w, eps)`` (float32 ``w``), SwiGLU with ``swiglu``, else none. ``rows``:
+    the MMA's N (a power of two from 8 to 256, at least M; the engine's row tile or group, so the
+    instruction does not depend on how many rows came), ``split``: split-K (from the weight's shape);
+    ``pdl``: every kernel (and the split reduction) launches with PDL (``launch.pdl``)."""
+    if norm is not None and swiglu:
+        raise ValueError("the staging kernel applies RMSNorm or SwiGLU, not both")
     m, k = a.shape
-    assert a.dtype == torch.bfloat16 and a.stride(1) == 1 and k % 256 == 0 and m <= rows
+    if swiglu:
+        k //= 2
+    assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0 and m <= rows
     assert rows in (8, 16, 32, 64, 128, 256)
     if isinstance(plane, Q4KPlane):
         w1, w2 = plane.scale_words()
@@ -227,13 +254,31 @@ def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, spl
         ws, wtype = (plane.ql, plane.qh, plane.sc.view(torch.int16)), 1
     n = ws[0].shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=a.device)
+    if residual is not None:
+        assert residual.shape == y.shape and residual.dtype == torch.float32 and residual.is_contiguous()
+    x = stage(a, rows, norm, swiglu, pdl)
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
     b = bias if bias is not None else y
-    x = torch.empty(rows, k, dtype=torch.float16, device=a.device)
-    _stage_kernel[(rows, triton.cdiv(k, STAGE_BLOCK))](a, x, m, k, a.stride(0), BLOCK=STAGE_BLOCK, **launch_args(pdl))
+    res = residual if residual is not None and split == 1 else y
     _gemm_wgmma_kernel[(triton.cdiv(n, 64), split)](
-        x, *ws, b, out, m, n, k, *(w.stride(0) for w in ws),
-        NA=rows, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None, num_warps=4, **launch_args(pdl))
+        x, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), NA=rows, WTYPE=wtype, SPLIT=split,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None and split == 1, num_warps=4, **launch_args(pdl))
     if split > 1:
-        reduce_splits(out, bias, None, y, pdl)
+        reduce_splits(out, bias, residual, y, pdl)
     return y
+
+
+def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = False,
+          pdl: bool = False) -> torch.Tensor:
+    """The GEMM's activations: float16 ``(rows, K)`` in PERM order from ``a`` ``(M, K)`` (``(M, 2K)``
+    ``[g | u]`` with ``swiglu``), RMSNorm (``norm=(w, eps)``) or SwiGLU applied first, rows from M on
+    zero (see ``_stage_kernel``)."""
+    m, k = a.shape
+    if swiglu:
+        k //= 2
+    x = torch.empty(rows, k, dtype=torch.float16, device=a.device)
+    pro = 1 if norm is not None else 2 if swiglu else 0
+    nw, eps = norm if norm is not None else (a, 0.0)
+    _stage_kernel[(rows, triton.cdiv(k, STAGE_BLOCK))](a, x, nw, m, k, a.stride(0), float(eps), BLOCK=STAGE_BLOCK,
+                                                       PRO=pro, **launch_args(pdl))
+    return x
