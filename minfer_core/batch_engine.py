@@ -205,7 +205,8 @@ class BatchEngine:
     def load(cls, path, *, n_ctx: int, parallel: int, max_queue: int, gpu_memory: Optional[float] = None,
              block_size: int = 16, kv_blocks: Optional[int] = None, segment: int = 64, step_tokens: int = 512,
              row_tile: Optional[int] = None, graphs: Optional[bool] = None, rows: Optional[bool] = None,
-             prompt_tile: Optional[int] = None, **engine_load_kwargs) -> "BatchEngine":
+             prompt_tile: Optional[int] = None, solo: Optional[bool] = None,
+             **engine_load_kwargs) -> "BatchEngine":
         """Load the model and size the KV pool: ``kv_blocks`` blocks, else on a GPU what fits in
         ``gpu_memory`` (a fraction of the device's memory when <= 1, else GiB; default 0.9) after
         the weights, at most enough for ``parallel`` full contexts; on the CPU ``parallel`` full
@@ -222,7 +223,8 @@ class BatchEngine:
         (default ``GPU_PROMPT_TILE`` on a GPU, 16 on the CPU), each weight expanded once a step.
         ``graphs``: ``False`` runs every step eagerly; otherwise decode-only steps go through the
         plugin the policy's ``batch_step`` order ranks first (cuda_graphs: CUDA graphs per bucket of
-        1..256 sequences, on a GPU unless the plugin is off)."""
+        1..256 sequences, on a GPU unless the plugin is off). ``solo`` (default: ``parallel`` == 1):
+        one sequence at a time on the single-stream passes (see ``__init__``)."""
         if parallel < 1 or max_queue < 0:
             raise UserError("--parallel must be at least 1 and the queue size at least 0")
         engine = Engine.load(path, n_ctx=n_ctx, **engine_load_kwargs)
@@ -236,7 +238,7 @@ class BatchEngine:
                             f"{engine.model.n_ctx}: lower -c or raise --gpu-memory")
         return cls(engine, parallel=parallel, max_queue=max_queue, n_blocks=kv_blocks, block_size=block_size,
                    segment=segment, step_tokens=step_tokens, row_tile=row_tile, graphs=graphs, rows=rows,
-                   prompt_tile=prompt_tile)
+                   prompt_tile=prompt_tile, solo=parallel == 1 if solo is None else solo)
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, req: Request) -> str:
@@ -370,7 +372,23 @@ class BatchEngine:
             tok = inputs[:, 0]
             inputs[:, 0] = torch.where(tok < 0, prev.tokens[(-1 - tok).clamp(min=0)], tok)
         logits = (self.batch_step or self._decode_step)(inputs)
-        tokens = self._greedy_tokens([w.seq for w in work], logits[:len(work)])
+        self._fly(work, self._greedy_tokens([w.seq for w in work], logits[:len(work)]), prev)
+
+    def _launch_solo(self, w: Work) -> None:
+        """A solo engine's decode step on the single-stream pass, launched like :meth:`_launch`: a
+        token still in flight comes from the previous step's argmax on the device."""
+        prev, seq = self._flight, w.seq
+        token = seq.tokens[w.start]
+        tok, pos = self.engine.inputs(max(token, 0), w.start)
+        if token == PENDING:
+            tok = prev.tokens[prev.row[seq.id]:prev.row[seq.id] + 1]
+        logits = self.engine.step(tok, pos)
+        self._fly([w], self._greedy_tokens([seq], logits), prev)
+
+    def _fly(self, work: list[Work], tokens: torch.Tensor, prev: Optional[_Flight]) -> None:
+        """``work``'s step is launched and ``tokens`` (device) are its greedy tokens: start their copy
+        to the host, advance the sequences (each next token pending), then read back ``prev``."""
+        dev = tokens.device
         ready = None
         if dev.type == "cuda":
             host = torch.empty(len(work), dtype=tokens.dtype, pin_memory=True)
@@ -402,7 +420,7 @@ class BatchEngine:
         ``checked``: step() found every running sequence overlappable (a step is in flight)."""
         if self.solo:
             if len(work) == 1 and work[0].seq.blocks == list(range(len(work[0].seq.blocks))):
-                return self._run_solo(work[0])
+                return self._run_solo(work[0], checked)
             self.solo_fallbacks += 1
         decode_only = all(w.end - w.start == 1 for w in work)
         try:
@@ -429,13 +447,20 @@ class BatchEngine:
         for i, token in zip(sampled, tokens):
             self._accept(work[i].seq, token)
 
-    def _run_solo(self, w: Work) -> None:
+    def _run_solo(self, w: Work, checked: bool = False) -> None:
         """A solo engine's step on the single-stream passes: its sequence's rows are the contiguous
         cache's (blocks 0, 1, 2, ...), so ``Engine.run_prompt`` and the decode step (a plugin's graph
-        of each) read and write them in place."""
+        of each) read and write them in place. Greedy decode steps are launched overlapped, as the
+        batched engine's are (``checked``: see :meth:`_run`)."""
         seq = w.seq
+        decode = w.end - w.start == 1 and w.start >= seq.n_prompt
         try:
-            if w.end - w.start == 1 and w.start >= seq.n_prompt:
+            if decode and self.overlap and (checked or self._overlappable(seq)):
+                return self._launch_solo(w)
+        except Exception as e:
+            return self._failed([w], e)
+        try:
+            if decode:
                 logits = self.engine.step(*self.engine.inputs(seq.tokens[w.start], w.start))
             else:
                 rows = self._padding_rows(seq, w.end) if w.start == 0 and self.engine.prefill_step else None

@@ -2,6 +2,9 @@
 sequence at a time (``BatchEngine(solo=True)``), the server's request life cycle (end tokens, stop
 strings, limits, the prefix cache), on the single-stream passes: the same bits as
 :meth:`Engine.generate <minfer_core.engine.Engine.generate>`, at its speed (``benchmarks/bench_solo.py``).
+Greedy decode steps overlap as the batched engine's do: each is launched before the last is read back.
+``BatchEngine.load`` builds such an engine for ``--parallel 1`` (``minfer serve``, ``minfer bench
+--batch 1``).
 
 Its pool holds one context; a finished request's full blocks stay cached, so a chat's next turn
 (the conversation re-rendered) prefills only what follows the last whole block both turns share.

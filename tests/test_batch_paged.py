@@ -398,7 +398,7 @@ def test_every_row_of_a_step_is_a_single_row_or_in_one_call(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 3, 8, 100])
 def test_gpu_graph_replay_equals_eager(synth_05b, n):
-    be = BatchEngine.load(synth_05b, n_ctx=512, parallel=n, max_queue=n, progress=False)
+    be = BatchEngine.load(synth_05b, n_ctx=512, parallel=n, max_queue=n, progress=False, solo=False)
     assert be.engine.plan.batch_step.plugin == "cuda_graphs"
     graphs = be.batch_step.fn  # cuda_graphs' BatchGraphs
     g = torch.Generator().manual_seed(n)

@@ -96,13 +96,18 @@ def test_solo_engine_generates_as_the_single_stream_engine(smollm, case):
     kw = dict(n_predict=0 if case == "length0" else 12, sampling=sampling, stop=[" 7"] if case == "stop" else [])
     smollm.reset()
     want = smollm.generate(ids, **kw)
-    seen, be = [], solo_engine(smollm)
+    seen, be, launched = [], solo_engine(smollm), []
+    launch = be._launch_solo
+    be._launch_solo = lambda w: launched.append(w.start) or launch(w)
     other = generate(be, smollm.tok.encode("Once upon a time", add_special=True), **kw)  # its blocks stay cached
     got = generate(be, ids, on_text=seen.append, **kw)
     assert (got.tokens, got.text, got.stop_reason) == (want.tokens, want.text, want.stop_reason)
     assert "".join(seen) == got.text
     assert case != "stop" or got.stop_reason == "stop"
     assert be.solo_fallbacks == 0 and other.stop_reason  # both ran from block 0 on the single-stream passes
+    # greedy decode steps were launched before the last was read back (a stop string's end drops the
+    # step after it); sampled ones were not, nor a request of one token
+    assert bool(launched) == (case in ("greedy", "stop")), launched
 
 
 def test_seed_reproduces_sampling(smollm):

@@ -45,6 +45,10 @@ def add_parser(sub):
     p.add_argument("--prompt-tile", type=values.positive, metavar="N",
                    help="with --batch: prompt rows per fixed matmul tile, at least 16 (default: 256 on CUDA, 16 on "
                         "the CPU); each weight is expanded once a step and multiplied N rows at a time")
+    p.add_argument("--no-solo", action="store_true",
+                   help="with --batch 1: run the one sequence on the batched step (paged attention) instead of "
+                        "the single-stream passes, which an engine of one sequence uses by default (as minfer "
+                        "serve --parallel 1 does)")
     return p
 
 
@@ -137,7 +141,7 @@ def _markdown(rows: list[dict], memory: bool) -> None:
 
 def _run_batched(args, tests) -> int:
     from ..batch_engine import BatchEngine, check_row_tile
-    from ..throughput import batched_table, run_batched
+    from ..throughput import WARMUP_RUNS, batched_table, run_batched
     from ..run_configs import load_under, parse_config
     from ..fetch import resolve_model
 
@@ -158,8 +162,9 @@ def _run_batched(args, tests) -> int:
         per_seq = -(-engine.model.n_ctx // 16)
         for b in batches:  # one engine per batch size, as `minfer serve --parallel B` would run it
             be = BatchEngine(engine, parallel=b, max_queue=b, n_blocks=b * per_seq, row_tile=args.row_tile,
-                             prompt_tile=args.prompt_tile)
-            run_batched(be, min(pps), 2, b, seed=12345)  # warm-up: compilation, the decode graph captured
+                             prompt_tile=args.prompt_tile, solo=b == 1 and not args.no_solo)
+            for w in range(WARMUP_RUNS):  # compilation, then the graphs captured (a solo engine's prefill
+                run_batched(be, min(pps), 2, b, seed=12345 + w)  # graph at the second prompt of its length)
             for pp in pps:
                 for tg in tgs:
                     res = run_batched(be, pp, tg, b)
