@@ -182,8 +182,9 @@ def wgmma_split(n: int, k: int) -> int:
 #: The batched step's q4_K weights of at most as many inputs as outputs (the 7B's qkv, o and gate|up)
 #: run, on Hopper, on the warpgroup-MMA GEMM in groups of WGMMA_BATCH_ROWS rows (the MMA's N, fixed
 #: whatever the step's row count, so a row's bits do not depend on it), split-K by ``wgmma_split``.
-#: Other weights stay on the rows GEMMs, which were faster for them at 8 rows (H200, us a call: q6_K
-#: down 37.8 rows vs 57.1 warpgroup-MMA at split 4).
+#: H200, 7B, ``minfer bench --batch 8 -p 128 -n 128``, one call: S_TG 2,033.0 / 2,031.6 against 1,971.0 /
+#: 1,968.0 with every q4_K weight on the rows GEMM. Other weights stay on the rows GEMMs, faster for them
+#: at 8 rows (us a call: q4_K down 30.5 vs 34.8 at split 8, q6_K down 37.8 vs 57.1 at split 4).
 WGMMA_BATCH_ROWS = 8
 
 
