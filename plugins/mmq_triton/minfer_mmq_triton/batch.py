@@ -7,9 +7,9 @@ tensor-core rows GEMMs (``q4_k.gemm_mma``, ``q6_k.gemm_mma``; labels ``mmq.rows.
 weight's shape alone (``tiles.rows_config``). RMSNorm and SwiGLU are applied by the quantizer, the
 bias and the residual in the epilogue. On Hopper the q4_K weights that ``tiles.wgmma_batch`` names run
 on the warpgroup-MMA GEMM instead (``prefill.gemm_wgmma``, label ``mmq.rows.wgmma.q4_k``) in groups of
-``tiles.WGMMA_BATCH_ROWS`` rows, the producer applied by its staging kernel. Under ``MINFER_PDL`` (compute capability 9.0+) their launches
-overlap like the decode step's (``launch.pdl``). Other types are not offered: the batched step runs
-them over fixed row tiles.
+``tiles.WGMMA_BATCH_ROWS`` rows, the producer applied by its staging kernel. Under ``MINFER_PDL``
+(compute capability 9.0+) their launches overlap like the decode step's (``launch.pdl``). Other types
+are not offered: the batched step runs them over fixed row tiles.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from gguf import GGMLQuantizationType as QT
 
 from minfer_core.weights import Candidate, Weight
 
-from . import planes
-from . import tiles
+from . import planes, tiles
 from .decode import mma_enabled, prepare, wgmma_enabled
 from .launch.pdl import enabled as pdl_enabled
 
