@@ -381,7 +381,8 @@ class BatchEngine:
         token = seq.tokens[w.start]
         tok, pos = self.engine.inputs(max(token, 0), w.start)
         if token == PENDING:
-            tok = prev.tokens[prev.row[seq.id]:prev.row[seq.id] + 1]
+            r = prev.row[seq.id]
+            tok = prev.tokens[r:r + 1]
         logits = self.engine.step(tok, pos)
         self._fly([w], self._greedy_tokens([seq], logits), prev)
 
