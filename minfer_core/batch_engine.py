@@ -35,6 +35,7 @@ from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
 from .engine import Engine, StopStream, log, prompt_bucket
 from .errors import UserError
+from .greedy_chain import GreedyChain
 from .kv_pages import BlockPool
 from .matmuls import PREFILL_ROWS, BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
 from .sampling import Sampler, SamplerConfig
@@ -150,6 +151,11 @@ class BatchEngine:
         self.device_sampling = (device_sampling if device_sampling is not None
                                 else self.model.device.type == "cuda" and not solo)
         self._flight: Optional[_Flight] = None
+        self._chain: Optional[GreedyChain] = None  # a solo engine's overlapped greedy steps
+        self._copies: Optional[torch.cuda.Stream] = None  # the stream greedy tokens go to the host on
+        # the greedy pick: the plan's (a plugin's fast kernel on a GPU), torch's without one
+        pick = self.model.rt.plan.decode_ops.get("argmax")
+        self._argmax = pick.fn if pick is not None else lambda x: x.argmax(dim=-1)
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
@@ -375,16 +381,20 @@ class BatchEngine:
         self._fly(work, self._greedy_tokens([w.seq for w in work], logits[:len(work)]), prev)
 
     def _launch_solo(self, w: Work) -> None:
-        """A solo engine's decode step on the single-stream pass, launched like :meth:`_launch`: a
-        token still in flight comes from the previous step's argmax on the device."""
+        """A solo engine's decode step on the single-stream pass, launched like :meth:`_launch`, as
+        a step of a :class:`GreedyChain` (its pick made on the device; a token still in flight, the
+        chain's last pick, is read where it is)."""
         prev, seq = self._flight, w.seq
         token = seq.tokens[w.start]
-        tok, pos = self.engine.inputs(max(token, 0), w.start)
         if token == PENDING:
             r = prev.row[seq.id]
-            tok = prev.tokens[r:r + 1]
-        logits = self.engine.step(tok, pos)
-        self._fly([w], self._greedy_tokens([seq], logits), prev)
+            token = prev.tokens[r:r + 1]
+        if self._chain is None:
+            self._chain = GreedyChain(self.engine)
+        restart = not (isinstance(token, torch.Tensor) and self._chain.holds(token, w.start))
+        if restart and self._copies is not None:  # it rewrites both buffers: after their copies to the host
+            torch.cuda.current_stream(self.model.device).wait_stream(self._copies)
+        self._fly([w], self._chain(token, w.start), prev)
 
     def _fly(self, work: list[Work], tokens: torch.Tensor, prev: Optional[_Flight]) -> None:
         """``work``'s step is launched and ``tokens`` (device) are its greedy tokens: start their copy
@@ -392,10 +402,17 @@ class BatchEngine:
         dev = tokens.device
         ready = None
         if dev.type == "cuda":
+            # copied on a stream of its own, so the next step does not wait for the copy's latency;
+            # record_stream keeps ``tokens``' memory from reuse until the copy has read it
+            if self._copies is None:
+                self._copies = torch.cuda.Stream(dev)
+            self._copies.wait_stream(torch.cuda.current_stream(dev))
             host = torch.empty(len(work), dtype=tokens.dtype, pin_memory=True)
-            host.copy_(tokens, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
+            with torch.cuda.stream(self._copies):
+                host.copy_(tokens, non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record()
+            tokens.record_stream(self._copies)
         else:
             host = tokens
         for w in work:
@@ -536,7 +553,7 @@ class BatchEngine:
 
     def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """The plain-greedy sequences' next tokens (argmax of their rows), on the device."""
-        return logits.argmax(dim=-1)
+        return self._argmax(logits)
 
     def _accept(self, seq: Sequence, token: int, placed: bool = False) -> None:
         """Take a sequence's next token (``placed``: already in ``seq.tokens``, an overlapped step's)."""

@@ -29,7 +29,7 @@ __all__ = ["Plan", "FuseChoice", "BackendError", "build_plan", "make_context", "
 ATTENTION_PHASES = PHASES + ("paged_decode", "paged_prefill")
 PRODUCERS = ("rmsnorm", "swiglu")  # fused under fuse mode 1/2: hooks minfer_<kind>_candidates
 PREPASS = "prepass"
-DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv")  # single-token fused ops: the decode order, no gate
+DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv", "argmax")  # decode-side ops: the decode order, no gate
 PREFILL_OPS = ("prefill_rope_kv",)  # multi-row fused ops: the prefill order, no gate
 STEPS = ("decode_step", "prefill_step", "batch_step")  # whole steps a plugin may wrap (minfer_wrap_<step>)
 
@@ -201,7 +201,7 @@ def choose_attention_and_ops(ask: _Asker, plan: Plan) -> None:
     for phase in ATTENTION_PHASES:
         plan.attention[phase] = ask.pick("minfer_attention_candidates", "attention", f"attention {phase}", phase=phase)
     for kind in DECODE_OPS:  # ranked like decode matmuls; the reference offers torch versions
-        plan.decode_ops[kind] = ask.pick(f"minfer_{kind}_candidates", "decode", f"producer {kind}")
+        plan.decode_ops[kind] = ask.pick(f"minfer_{kind}_candidates", "decode", f"op {kind}")
     for kind in PREFILL_OPS:
         plan.prefill_ops[kind] = ask.pick(f"minfer_{kind}_candidates", "prefill", f"producer {kind}")
 

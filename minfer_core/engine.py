@@ -129,11 +129,14 @@ class StepInputs:
 
 class Engine:
     def __init__(self, path: Path, gf: GGUFFile, cfg: ModelConfig, tok: Tokenizer, model: Transformer,
-                 plan: Plan, wrap: Callable[[], tuple[Callable, Optional[Callable]]], ctx, load_s: float, pm=None):
+                 plan: Plan, wrap: Callable[[], tuple[Callable, Optional[Callable]]], ctx, load_s: float, pm=None,
+                 wrap_decode: Optional[Callable[[Callable], Callable]] = None):
         self.path, self.gf, self.cfg, self.tok, self.model = path, gf, cfg, tok, model
         self.plan, self.ctx = plan, ctx
         self.pm = pm  # the plugin manager the plan was built with (the batched engine wraps its step through it)
         self._wrap = wrap
+        # any step of the decode step's shape as the plan's decode_step plugin wraps it (a CUDA graph)
+        self.wrap_decode = wrap_decode or (lambda step: step)
         self.rewrap()
         self.inputs = StepInputs(model.device)
         self.timings = Timings(load_s=load_s)
@@ -169,12 +172,14 @@ class Engine:
         rt = Runtime(plan, {w.name: w for w in weights})
         model = Transformer(cfg, params, rt, n_ctx, dev, kv_dtype)
 
+        def wrap_decode(step):
+            return wrap_decode_step(step, ctx, pm, pol, plan, backend)
+
         def wrap():
-            return (wrap_decode_step(model.decode_step, ctx, pm, pol, plan, backend),
-                    wrap_step("prefill_step", model.prefill_step, ctx, pm, plan))
+            return wrap_decode(model.decode_step), wrap_step("prefill_step", model.prefill_step, ctx, pm, plan)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return cls(path, gf, cfg, tok, model, plan, wrap, ctx, time.perf_counter() - t0, pm)
+        return cls(path, gf, cfg, tok, model, plan, wrap, ctx, time.perf_counter() - t0, pm, wrap_decode)
 
     def rewrap(self) -> None:
         """Fresh plugin wrappers of the decode step (``step``) and of ``model.prefill_step``

@@ -142,6 +142,14 @@ def minfer_decode_rope_kv_candidates(ctx):
 
 
 @hookspec
+def minfer_argmax_candidates(ctx):
+    """Offer the greedy pick: ``fn(logits) -> (R,) int64``, each row of float ``logits (R, V)``'s
+    first index of its largest value, exactly ``torch.argmax(logits, dim=-1)`` (a NaN counts as the
+    largest); a row's pick may read that row alone. Ranked by the policy's ``decode`` order; no
+    gate. The reference backend offers torch's."""
+
+
+@hookspec
 def minfer_prefill_rope_kv_candidates(ctx):
     """Offer the prompt's RoPE + KV write:
     ``fn(q, k, v, cos, sin, k_cache, v_cache, start, neox) -> q (T, H, D)`` rotates q ``(T, H, D)``
@@ -188,8 +196,9 @@ def minfer_wrap_decode_step(step, ctx):
     """Wrap the single-token decode step, e.g. to capture and replay it as a CUDA graph.
 
     ``step`` is a :class:`~minfer_core.weights.DecodeStep`: ``step(token_ids, positions)``
-    returns logits and touches only static buffers. Return a callable with the same signature,
-    or ``None`` to leave it alone. The candidate ranked first by the policy's ``decode_step``
+    returns logits and touches only static buffers; or a solo engine's greedy step
+    (:mod:`minfer_core.greedy_chain`), ``step()`` with no inputs, returning its pick. Return a
+    callable with the same signature, or ``None`` to leave it alone. The candidate ranked first by the policy's ``decode_step``
     ordering is used; the model itself knows nothing about graphs.
     """
 

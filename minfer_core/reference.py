@@ -8,6 +8,7 @@ dequantizes a weight to float32 the first time it runs and keeps that copy in
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -158,6 +159,11 @@ def minfer_decode_rmsnorm_candidates(ctx):
 @hookimpl
 def minfer_decode_rope_kv_candidates(ctx):
     return [Candidate(NAME, "ref.dec.rope_kv", rope_kv_write)]
+
+
+@hookimpl
+def minfer_argmax_candidates(ctx):
+    return [Candidate(NAME, "ref.argmax", functools.partial(torch.argmax, dim=-1))]
 
 
 @hookimpl

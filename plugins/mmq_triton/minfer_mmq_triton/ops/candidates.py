@@ -7,6 +7,7 @@ import functools
 from minfer_core.weights import Candidate
 
 from ..launch.pdl import enabled as pdl_enabled
+from .argmax import argmax_rows
 from .norm import rmsnorm_row
 from .rope import rope_kv_rows, rope_kv_write
 
@@ -26,4 +27,6 @@ def decode_op_candidates(kind: str, ctx) -> list[Candidate] | None:
         return [Candidate("mmq_triton", "mmq.dec.rmsnorm", functools.partial(rmsnorm_row, pdl=pdl))]
     if kind == "decode_rope_kv":
         return [Candidate("mmq_triton", "mmq.dec.rope_kv", functools.partial(rope_kv_write, pdl=pdl))]
+    if kind == "argmax":
+        return [Candidate("mmq_triton", "mmq.argmax", argmax_rows)]
     return None
