@@ -35,7 +35,7 @@ from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
 from .engine import Engine, StopStream, log, prompt_bucket
 from .errors import UserError
-from .greedy_chain import GreedyChain
+from .greedy_chain import GreedyChain, greedy_pick
 from .kv_pages import BlockPool
 from .matmuls import PREFILL_ROWS, BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
 from .sampling import Sampler, SamplerConfig
@@ -153,9 +153,7 @@ class BatchEngine:
         self._flight: Optional[_Flight] = None
         self._chain: Optional[GreedyChain] = None  # a solo engine's overlapped greedy steps
         self._copies: Optional[torch.cuda.Stream] = None  # the stream greedy tokens go to the host on
-        # the greedy pick: the plan's (a plugin's fast kernel on a GPU), torch's without one
-        pick = self.model.rt.plan.decode_ops.get("argmax")
-        self._argmax = pick.fn if pick is not None else lambda x: x.argmax(dim=-1)
+        self._argmax = greedy_pick(self.model.rt.plan)
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL

@@ -13,18 +13,25 @@ step runs again, two steps later.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import functools
+from typing import Callable, Optional, Union
 
 import torch
 
 from .engine import Engine
 
 
+def greedy_pick(plan) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The plan's greedy pick ``fn(logits (R, V)) -> (R,)`` (hook ``minfer_argmax_candidates``: a
+    plugin's kernel on a GPU), torch's argmax in a plan without one."""
+    pick = plan.decode_ops.get("argmax")
+    return pick.fn if pick is not None else functools.partial(torch.argmax, dim=-1)
+
+
 class GreedyChain:
     def __init__(self, engine: Engine):
         model, dev = engine.model, engine.device
-        pick = engine.plan.decode_ops.get("argmax")
-        argmax = pick.fn if pick is not None else (lambda x: x.argmax(dim=-1))
+        argmax = greedy_pick(engine.plan)
         self.token = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(2)]
         self.pos = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(2)]
 

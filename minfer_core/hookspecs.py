@@ -198,8 +198,8 @@ def minfer_wrap_decode_step(step, ctx):
     ``step`` is a :class:`~minfer_core.weights.DecodeStep`: ``step(token_ids, positions)``
     returns logits and touches only static buffers; or a solo engine's greedy step
     (:mod:`minfer_core.greedy_chain`), ``step()`` with no inputs, returning its pick. Return a
-    callable with the same signature, or ``None`` to leave it alone. The candidate ranked first by the policy's ``decode_step``
-    ordering is used; the model itself knows nothing about graphs.
+    callable with the same signature, or ``None`` to leave it alone. The candidate ranked first
+    by the policy's ``decode_step`` ordering is used; the model itself knows nothing about graphs.
     """
 
 
