@@ -35,7 +35,7 @@ from .device_sampler import row_key, sample_rows
 from .dispatch import wrap_step
 from .engine import Engine, StopStream, log, prompt_bucket
 from .errors import UserError
-from .greedy_chain import GreedyChain, greedy_pick
+from .greedy_chain import GreedyChain
 from .kv_pages import BlockPool
 from .matmuls import PREFILL_ROWS, BatchMatmuls, DecodeMatmuls, TiledPromptMatmuls
 from .sampling import Sampler, SamplerConfig
@@ -153,7 +153,8 @@ class BatchEngine:
         self._flight: Optional[_Flight] = None
         self._chain: Optional[GreedyChain] = None  # a solo engine's overlapped greedy steps
         self._copies: Optional[torch.cuda.Stream] = None  # the stream greedy tokens go to the host on
-        self._argmax = greedy_pick(self.model.rt.plan)
+        # the greedy pick (hook minfer_argmax_candidates: a plugin's kernel on a GPU)
+        self._argmax = self.model.rt.plan.decode_ops["argmax"].fn
         # the plan's row-invariant kernels (plan.batch), or row tiles for every weight: fixed for the
         # engine's life (a request's bits must not depend on the batch)
         self.rows = rows if rows is not None else parallel <= ROWS_MAX_PARALLEL
@@ -389,8 +390,7 @@ class BatchEngine:
             token = prev.tokens[r:r + 1]
         if self._chain is None:
             self._chain = GreedyChain(self.engine)
-        restart = not (isinstance(token, torch.Tensor) and self._chain.holds(token, w.start))
-        if restart and self._copies is not None:  # it rewrites both buffers: after their copies to the host
+        if not self._chain.holds(token, w.start) and self._copies is not None:  # a restart: after the copies
             torch.cuda.current_stream(self.model.device).wait_stream(self._copies)
         self._fly([w], self._chain(token, w.start), prev)
 

@@ -13,25 +13,17 @@ step runs again, two steps later.
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 
 from .engine import Engine
 
 
-def greedy_pick(plan) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The plan's greedy pick ``fn(logits (R, V)) -> (R,)`` (hook ``minfer_argmax_candidates``: a
-    plugin's kernel on a GPU), torch's argmax in a plan without one."""
-    pick = plan.decode_ops.get("argmax")
-    return pick.fn if pick is not None else functools.partial(torch.argmax, dim=-1)
-
-
 class GreedyChain:
     def __init__(self, engine: Engine):
         model, dev = engine.model, engine.device
-        argmax = greedy_pick(engine.plan)
+        argmax = engine.plan.decode_ops["argmax"].fn  # the greedy pick (hook minfer_argmax_candidates)
         self.token = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(2)]
         self.pos = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(2)]
 
@@ -47,15 +39,17 @@ class GreedyChain:
         self.last: Optional[int] = None  # the step that ran last (its buffers hold its pick)
         self.next_pos = -1  # the position of that pick
 
-    def holds(self, token: torch.Tensor, pos: int) -> bool:
-        """Whether ``token`` is this chain's last pick and ``pos`` its position."""
-        return self.last is not None and pos == self.next_pos and token.data_ptr() == self.token[self.last].data_ptr()
+    def holds(self, token: Union[int, torch.Tensor], pos: int) -> bool:
+        """Whether ``token`` is this chain's last pick (where it lies) and ``pos`` its position; if
+        not, a call restarts the chain, rewriting both steps' buffers."""
+        return (isinstance(token, torch.Tensor) and self.last is not None and pos == self.next_pos
+                and token.data_ptr() == self.token[self.last].data_ptr())
 
     def __call__(self, token: Union[int, torch.Tensor], pos: int) -> torch.Tensor:
         """The greedy pick ``(1,)`` (on the device) after ``token`` (an id, or a ``(1,)`` device
         tensor) at position ``pos``. The tensor holds the pick until two calls later (read it back
         before the call after the next); passed back with the next position it costs no copy."""
-        if isinstance(token, torch.Tensor) and self.holds(token, pos):
+        if self.holds(token, pos):
             i = 1 - self.last
         else:
             i = 0

@@ -43,6 +43,20 @@ def smollm_path():
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    """A tiny synthesized Qwen2 (Q8_0 weights, random values): the CPU engine tests' model file."""
+    from gguf import GGMLQuantizationType as QT
+
+    from minfer_core.synth import synthesize, tiny_layout, write_layout
+
+    d = tmp_path_factory.mktemp("tiny_qwen2")
+    md, ts = tiny_layout("qwen2", QT.Q8_0)
+    write_layout(d / "t.layout.gguf", md, ts)
+    synthesize(d / "t.layout.gguf", d / "t.gguf", progress=False)
+    return d / "t.gguf"
+
+
+@pytest.fixture(scope="session")
 def synth_05b(tmp_path_factory):
     """A full-size model with Qwen2.5-Coder-0.5B Q4_K_M's layout and random weights: what GPU tests
     run on where the real file cannot be fetched (the GPU machine has no network)."""

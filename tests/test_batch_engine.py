@@ -13,25 +13,19 @@ import threading
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType as QT
 
 from minfer_core.batch_engine import BatchEngine, Event, QueueFull, Request
 from minfer_core.engine import Engine
 from minfer_core.errors import UserError
 from minfer_core.sampling import SamplerConfig
-from minfer_core.synth import synthesize, tiny_layout, write_layout
 
 GREEDY = SamplerConfig(temp=0)
 N_CTX = 256
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    d = tmp_path_factory.mktemp("batch")
-    md, ts = tiny_layout("qwen2", QT.Q8_0)
-    write_layout(d / "t.layout.gguf", md, ts)
-    synthesize(d / "t.layout.gguf", d / "t.gguf", progress=False)
-    return Engine.load(d / "t.gguf", backend="reference", device="cpu", n_ctx=N_CTX, progress=False)
+def engine(tiny_qwen2):
+    return Engine.load(tiny_qwen2, backend="reference", device="cpu", n_ctx=N_CTX, progress=False)
 
 
 def batch(engine, parallel=16, n_blocks=None, max_queue=64, segment=32, step_tokens=64):

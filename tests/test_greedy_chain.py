@@ -10,17 +10,11 @@ import torch
 
 from minfer_core.engine import Engine
 from minfer_core.greedy_chain import GreedyChain
-from minfer_core.quants import QT
-from minfer_core.synth import synthesize, tiny_layout, write_layout
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    d = tmp_path_factory.mktemp("chain")
-    md, ts = tiny_layout("qwen2", QT.Q8_0)
-    write_layout(d / "t.layout.gguf", md, ts)
-    synthesize(d / "t.layout.gguf", d / "t.gguf", progress=False)
-    return Engine.load(d / "t.gguf", backend="reference", device="cpu", n_ctx=128, progress=False)
+def engine(tiny_qwen2):
+    return Engine.load(tiny_qwen2, backend="reference", device="cpu", n_ctx=128, progress=False)
 
 
 IDS = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(3)).tolist()

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType as QT
 
 from minfer_core.engine import Engine, prompt_bucket
-from minfer_core.synth import synthesize, tiny_layout, write_layout
 
 
 @pytest.mark.parametrize("n,want", [(16, 16), (17, 32), (100, 112), (128, 128), (512, 512), (513, 576),
@@ -25,12 +23,8 @@ def test_bucket_padding_is_bounded():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    d = tmp_path_factory.mktemp("prefill_step")
-    md, ts = tiny_layout("qwen2", QT.Q8_0)
-    write_layout(d / "t.layout.gguf", md, ts)
-    synthesize(d / "t.layout.gguf", d / "t.gguf", progress=False)
-    return Engine.load(d / "t.gguf", backend="reference", device="cpu", n_ctx=128, progress=False)
+def engine(tiny_qwen2):
+    return Engine.load(tiny_qwen2, backend="reference", device="cpu", n_ctx=128, progress=False)
 
 
 def test_padded_prefill_step_equals_the_forward(engine):
