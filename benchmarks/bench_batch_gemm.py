@@ -11,8 +11,11 @@ its q4_K scales loaded a step ahead and not; ``--fused-swap [only]``: each with 
 MMA's A operand and the rows as its N, and not (or that alone); ``--ready``: above 64 rows, cuBLAS on a
 ready bf16 copy too (``MINFER_MMQ=0``'s route); ``--fused-decode``: each with q4_K decoded in float32 and
 in bf16x2; ``--wgmma 1,2,4``: the warpgroup-MMA GEMM (``prefill.gemm_wgmma``) at these splits, with
-its largest difference from the fused GEMM's float32 product relative to the largest |value|. ``--q6``:
-the 7B's q6_K weights instead.
+its largest difference from the fused GEMM's float32 product relative to the largest |value|;
+``--async NA,WG,ST[,SPLIT] ...``: the asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``)
+at these tiles (split-K by default from ``tiles.async_split``), with the same difference; ``--only``:
+at each row count only the GEMMs asked for, the fused GEMM where the prefill route takes it and (above
+64 rows) expand + cuBLAS; no rows GEMM, no other fused tiles. ``--q6``: the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
 the two products relative to the largest |value|.
@@ -36,6 +39,7 @@ from minfer_mmq_triton import decode, planes, tiles
 from minfer_mmq_triton.launch.scratch import jit_matmul
 from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
 from minfer_mmq_triton.prefill.gemm_wgmma import gemm_wgmma
+from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
 from minfer_mmq_triton.q6_k.gemm_mma import gemm_q6_mma
 from minfer_mmq_triton.q6_k.plane import pack_q6k
@@ -85,12 +89,17 @@ def main() -> None:
     ap.add_argument("--fused-decode", action="store_true",
                     help="--fused: each tile with q4_K decoded in float32 and in bf16x2 (gemm_fused packed)")
     ap.add_argument("--wgmma", default="", help="splits of the warpgroup-MMA GEMM (prefill.gemm_wgmma), e.g. 1,2,4")
+    ap.add_argument("--async", dest="tiles", nargs="*", default=[],
+                    help="NA,WG,STAGES[,SPLIT] tiles of the asynchronous warpgroup-MMA GEMM (prefill.gemm_wgmma_async)")
+    ap.add_argument("--only", action="store_true", help="no rows GEMM, no fused tiles: only the GEMMs asked for")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     if args.decode:
         return decode_ab(rows)
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
+    configs = [] if args.only else configs
+    async_tiles = [tuple(int(v) for v in c.split(",")) for c in args.tiles]
     fused = [tuple(int(v) for v in c.split(",")) for c in args.fused]
     aheads = [int(v) for v in args.ahead.split(",")] if args.ahead else [None]
     print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
@@ -116,12 +125,18 @@ def main() -> None:
                                         ahead=ah))
             am = torch.randn(m, k, device="cuda").bfloat16()
             na = tiles.wgmma_rows(m)
-            want = gemm_fused(am, ps[0], None, packed=False) if args.wgmma else None
+            want = gemm_fused(am, ps[0], None, packed=False) if args.wgmma or async_tiles else None
             for split in [int(v) for v in args.wgmma.split(",") if v]:
                 err = ((gemm_wgmma(am, ps[0], None, na, split) - want).abs().max() / want.abs().max()).item()
                 row(m, f"wgmma split {split} (max diff / max {err:.1e})",
                     lambda p: gemm_wgmma(am, p, None, na, split))
-            for tile in (16, 64) if m <= 16 else (64,):
+            for na, wg, st, *more in async_tiles:
+                split = more[0] if more else tiles.async_split(m, n, k, (na, wg, st))
+                err = ((gemm_wgmma_async(am, ps[0], None, split, tile=(na, wg, st)) - want).abs().max()
+                       / want.abs().max()).item()
+                row(m, f"async NA {na} WG {wg} ST {st} split {split} (max diff / max {err:.1e})",
+                    lambda p: gemm_wgmma_async(am, p, None, split, tile=(na, wg, st)))
+            for tile in () if args.only else (16, 64) if m <= 16 else (64,):
                 a = torch.randn(tile, k, device="cuda").bfloat16()
                 count = -(-m // tile)
                 row(m, f"fused x{count} ({tile}-row tiles)", lambda p: [gemm_fused(a, p, None) for _ in range(count)])
@@ -133,7 +148,9 @@ def main() -> None:
                          + (" swapped" if swap else "")
                          + ("" if packed is None else " bf16x2" if packed else " float32"))
                 row(m, label, lambda p: gemm_fused(am, p, None, cfg, ahead=early, swap=swap, packed=packed))
-            if fused and m > 64:
+            if args.only and tiles.use_fused(m, n, k):
+                row(m, "fused (the route's tile)", lambda p: gemm_fused(am, p, None))
+            if (fused or args.only) and m > 64:
                 row(m, "expand + cuBLAS",
                     lambda p: jit_matmul(am, n, k, None, lambda o, r0, r1: dequant_plane(p, k, o, r0, r1)))
             if args.ready and m > 64:

@@ -179,6 +179,31 @@ def wgmma_split(n: int, k: int) -> int:
     return doubling_split(-(-n // 64), k // 128, WGMMA_PROGRAMS, WGMMA_MIN_SPANS, WGMMA_MAX_SPLIT)
 
 
+#: q4_K matmuls of WGMMA_MAX_ROWS + 1 to ASYNC_MAX_ROWS rows over weights of at least FUSED_WIDE_VALUES
+#: values run, on Hopper, on the asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``) at
+#: ASYNC_TILE ``(NA, WG, STAGES)``, where they ran on the fused GEMM. H200, 7B shapes at 128 rows, us a
+#: call (``bench_batch_gemm.py --rows 128,512,2048 --only --async ...``): gate|up 105.5 (split 1), down
+#: 67.4 (split 4) against expand + cuBLAS 191.0 and 101.2. At 512 rows it loses to expand + cuBLAS
+#: (gate|up 362.0 against 299.1), and so it does for qkv and o at 128 (26.3 and 20.4 against 24.0 and
+#: 19.2). Split-K doubles while the grid stays within ASYNC_PROGRAMS programs and each split keeps
+#: ASYNC_MIN_SPANS spans, up to ASYNC_MAX_SPLIT.
+ASYNC_MAX_ROWS = 128
+ASYNC_TILE = (128, 1, 2)
+ASYNC_PROGRAMS, ASYNC_MIN_SPANS, ASYNC_MAX_SPLIT = 264, 8, 4
+
+
+def async_route(qtype, m: int, n: int, k: int) -> bool:
+    """Whether an ``m``-row matmul over this weight runs on the asynchronous warpgroup-MMA GEMM (Hopper)."""
+    return qtype == QT.Q4_K and WGMMA_MAX_ROWS < m <= ASYNC_MAX_ROWS and n * k >= FUSED_WIDE_VALUES
+
+
+def async_split(m: int, n: int, k: int, tile: tuple[int, int, int] = ASYNC_TILE) -> int:
+    """Split-K of the asynchronous warpgroup-MMA GEMM for ``(m, k) @ (n, k).T``."""
+    na, wg, _ = tile
+    programs = -(-n // (64 * wg)) * -(-m // na)
+    return doubling_split(programs, k // 128, ASYNC_PROGRAMS, ASYNC_MIN_SPANS, ASYNC_MAX_SPLIT)
+
+
 #: The batched step's q4_K weights of at most as many inputs as outputs (the 7B's qkv, o and gate|up)
 #: run, on Hopper, on the warpgroup-MMA GEMM in groups of WGMMA_BATCH_ROWS rows (the MMA's N, fixed
 #: whatever the step's row count, so a row's bits do not depend on it), split-K by ``wgmma_split``.

@@ -8,6 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from mmq_synth import oracle, rel_err
 from test_mmq_gemm import _check, _weight
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(
@@ -104,3 +105,63 @@ def test_wgmma_batch_route_rows_keep_their_bits():
     for lo, hi in ((0, 1), (12, 13), (3, 11), (5, 13)):
         part = route(h[lo:hi].contiguous(), residual=res[lo:hi].contiguous(), norm=(nw, 1e-6))
         assert torch.equal(part, full[lo:hi]), (lo, hi)
+
+
+#: (NA, WG, STAGES) tiles of the asynchronous GEMM: one and two warpgroups, 64 to 256 rows, ring depths 2 and 3
+ASYNC_TILES = [(128, 1, 2), (64, 2, 3), (256, 1, 3)]
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("n,k,bias", [(300, 2048, True), (4608, 3584, False)], ids=str)
+def test_async_gemm_matches_gguf(qt, n, k, bias):
+    """The asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``) over row counts that leave a
+    partial activation tile, every tile shape, split-K 1 and 3 (an uneven share of spans)."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
+
+    w = _weight(qt, n, k, seed=n + 1, bias=bias)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    w64 = oracle(w.raw, w.qtype, k).double().cuda()
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    for m in (65, 200, 513):
+        a = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        ref = a.double() @ w64.T + (w.bias.double() if bias else 0)
+        for tile in ASYNC_TILES:
+            for split in (1, 3):
+                fro, mx = rel_err(gemm_wgmma_async(a, plane, w.bias, split, tile=tile), ref)
+                assert fro < 1e-2 and mx < 2e-2, (m, tile, split, fro, mx)
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_async_gemm_rows_keep_their_bits(qt):
+    """A row's bits are the same alone or among others, in any activation tile and place in it."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
+
+    n, k = 200, 2048
+    w = _weight(qt, n, k, seed=4)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    a = torch.randn(300, k, device="cuda").to(torch.bfloat16)
+    for tile in ASYNC_TILES[:2]:
+        y = gemm_wgmma_async(a, plane, w.bias, 2, tile=tile)
+        for lo, hi in ((5, 6), (0, 130), (250, 300)):
+            assert torch.equal(gemm_wgmma_async(a[lo:hi].contiguous(), plane, w.bias, 2, tile=tile), y[lo:hi])
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_async_gemm_residual(split):
+    """The residual added in the epilogue (split 1) or by the split reduction, against float64."""
+    from test_decode_gemv import oracle_dense
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
+
+    n, k = 300, 2048
+    w = _weight(QT.Q4_K, n, k, seed=8, bias=False)
+    plane = planes.BUILDERS[QT.Q4_K][1](w.raw, k)
+    w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
+    a = torch.randn(150, k, device="cuda")
+    res = torch.randn(150, n, device="cuda")
+    y = gemm_wgmma_async(a, plane, None, split, residual=res)
+    want = res.double() + a.double() @ w64.T
+    scale = (a.double().abs() @ w64.abs().T).max()
+    assert ((y.double() - want).abs().max() / scale).item() < TOL_F16

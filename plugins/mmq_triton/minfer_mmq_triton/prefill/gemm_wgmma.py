@@ -169,10 +169,11 @@ def _stage_kernel(a_ptr, x_ptr, nw_ptr, M, K, stride_a, eps, BLOCK: tl.constexpr
 
 @gluon.jit
 def _to_fragment(v, A: gl.constexpr):
-    """Decoded values ``[64, 2, 2, 16]`` (byte order) -> the wgmma A tile ``[64, 64]`` (PERM order)."""
-    v = gl.reshape(v, [64, 2, 2, 4, 2, 2])  # row, s, c0, j, h, e
+    """Decoded values ``[R, 2, 2, 16]`` (byte order) -> the wgmma A tile ``[R, 64]`` (PERM order)."""
+    R: gl.constexpr = v.shape[0]
+    v = gl.reshape(v, [R, 2, 2, 4, 2, 2])  # row, s, c0, j, h, e
     v = gl.permute(v, (0, 3, 4, 1, 2, 5))  # row, j, h, s, c0, e
-    return gl.convert_layout(gl.reshape(v, [64, 64]), A, assert_trivial=True)
+    return gl.convert_layout(gl.reshape(v, [R, 64]), A, assert_trivial=True)
 
 
 @gluon.jit
