@@ -182,11 +182,11 @@ def wgmma_split(n: int, k: int) -> int:
 #: q4_K matmuls of WGMMA_MAX_ROWS + 1 to ASYNC_MAX_ROWS rows over weights of at least FUSED_WIDE_VALUES
 #: values run, on Hopper, on the asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``) at
 #: ASYNC_TILE ``(NA, WG, STAGES)``, where they ran on the fused GEMM. H200, 7B shapes at 128 rows, us a
-#: call (``bench_batch_gemm.py --rows 128,512,2048 --only --async ...``): gate|up 105.5 (split 1), down
-#: 67.4 (split 4) against expand + cuBLAS 191.0 and 101.2. At 512 rows it loses to expand + cuBLAS
-#: (gate|up 362.0 against 299.1), and so it does for qkv and o at 128 (26.3 and 20.4 against 24.0 and
-#: 19.2). Split-K doubles while the grid stays within ASYNC_PROGRAMS programs and each split keeps
-#: ASYNC_MIN_SPANS spans, up to ASYNC_MAX_SPLIT.
+#: call (``bench_batch_gemm.py --rows 128 --only --async 128,1,2``): gate|up 106.2 (split 1), down 64.7
+#: (split 4) against the fused GEMM's 139.1 and 67.0 and expand + cuBLAS's 191.0 and 101.6. At 512 rows
+#: it loses to expand + cuBLAS (gate|up 362.0 against 299.1), and so it does for qkv and o at 128 (31.5
+#: and 31.9 at split 1 against 24.1 and 19.4). Split-K doubles while the grid stays within
+#: ASYNC_PROGRAMS programs and each split keeps ASYNC_MIN_SPANS spans, up to ASYNC_MAX_SPLIT.
 ASYNC_MAX_ROWS = 128
 ASYNC_TILE = (128, 1, 2)
 ASYNC_PROGRAMS, ASYNC_MIN_SPANS, ASYNC_MAX_SPLIT = 264, 8, 4

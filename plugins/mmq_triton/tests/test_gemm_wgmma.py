@@ -115,7 +115,7 @@ ASYNC_TILES = [(128, 1, 2), (64, 2, 3), (256, 1, 3)]
 @pytest.mark.parametrize("n,k,bias", [(300, 2048, True), (4608, 3584, False)], ids=str)
 def test_async_gemm_matches_gguf(qt, n, k, bias):
     """The asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``) over row counts that leave a
-    partial activation tile, every tile shape, split-K 1 and 3 (an uneven share of spans)."""
+    partial activation tile, three tile shapes, split-K 1 and 3 (an uneven share of spans)."""
     from minfer_mmq_triton import planes
     from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
 
