@@ -179,6 +179,23 @@ def test_wgmma_gemm_split_and_tile_from_the_shape():
     assert [tiles.wgmma_rows(m) for m in (1, 8, 9, 16, 17, 33, 64)] == [8, 8, 16, 16, 32, 64, 64]
 
 
+def test_async_gemm_route_from_rows_and_shape():
+    """The asynchronous warpgroup-MMA GEMM serves what the H200 measured it faster for
+    (benchmarks/README.md): q4_K weights of 48M values or more (the 7B's gate|up and down) at 65-128
+    rows; not qkv or o (expand + cuBLAS was faster), not q6_K (not timed), not at 64 rows (the
+    synchronous GEMM) or from 129 on (expand + cuBLAS). Its split-K fills the grid only where the grid
+    is small: 4 for down at 128 rows (the split measured), 1 for gate|up."""
+    from minfer_mmq_triton import tiles
+
+    gate_up, down, qkv, o = (37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584)
+    for m in (65, 100, 128):
+        assert tiles.async_route(QT.Q4_K, m, *gate_up) and tiles.async_route(QT.Q4_K, m, *down)
+        assert not tiles.async_route(QT.Q4_K, m, *qkv) and not tiles.async_route(QT.Q4_K, m, *o)
+        assert not tiles.async_route(QT.Q6_K, m, *down)
+    assert not any(tiles.async_route(QT.Q4_K, m, *gate_up) for m in (16, 64, 129, 512))
+    assert tiles.async_split(128, *down) == 4 and tiles.async_split(128, *gate_up) == 1
+
+
 def test_batched_step_puts_wide_q4k_weights_on_the_wgmma_gemm_on_hopper():
     """The batched step's candidates: on compute capability 9.0, q4_K weights with no more inputs than
     outputs (the 7B's qkv, o, gate|up) on the warpgroup-MMA GEMM; the 7B's down (18,944 inputs) and
