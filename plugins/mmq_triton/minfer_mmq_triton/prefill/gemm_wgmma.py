@@ -221,6 +221,14 @@ def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
 
     wr = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))[:, None]
     am = gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+    _store(acc, wr, am, gl.program_id(1), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+
+
+@gluon.jit
+def _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
+           HAS_RES: gl.constexpr):
+    """Weight rows ``wr`` x activation rows ``am`` of the product into ``y`` ``(M, N)`` (+ bias, + the
+    residual), or with ``SPLIT > 1`` into split ``part`` of the partials ``(SPLIT, M, N)``."""
     ok = (wr < N) & (am < M)
     if SPLIT == 1:
         if HAS_BIAS:
@@ -229,7 +237,7 @@ def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
             acc += gl.load(res_ptr + am * N + wr, mask=ok, other=0.0)
         gl.store(y_ptr + am * N + wr, acc, mask=ok)
     else:
-        gl.store(y_ptr + gl.program_id(1) * M * N + am * N + wr, acc, mask=ok)
+        gl.store(y_ptr + part * M * N + am * N + wr, acc, mask=ok)
 
 
 def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, split: int,
@@ -248,25 +256,38 @@ def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, spl
         k //= 2
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0 and m <= rows
     assert rows in (8, 16, 32, 64, 128, 256)
-    if isinstance(plane, Q4KPlane):
-        w1, w2 = plane.scale_words()
-        ws, wtype = (plane.qs, w1, w2), 0
-    else:
-        ws, wtype = (plane.ql, plane.qh, plane.sc.view(torch.int16)), 1
-    n = ws[0].shape[0]
-    y = torch.empty(m, n, dtype=torch.float32, device=a.device)
-    if residual is not None:
-        assert residual.shape == y.shape and residual.dtype == torch.float32 and residual.is_contiguous()
+    ws, wtype = plane_words(plane)
+    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
+    n = y.shape[1]
     x = stage(a, rows, norm, swiglu, pdl)
-    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
-    b = bias if bias is not None else y
-    res = residual if residual is not None and split == 1 else y
     _gemm_wgmma_kernel[(triton.cdiv(n, 64), split)](
         x, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), NA=rows, WTYPE=wtype, SPLIT=split,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None and split == 1, num_warps=4, **launch_args(pdl))
     if split > 1:
         reduce_splits(out, bias, residual, y, pdl)
     return y
+
+
+def plane_words(plane) -> tuple[tuple[torch.Tensor, ...], int]:
+    """What the kernels read of a plane, and its ``WTYPE``: q4_K ``(qs, sc, dm)`` 0, q6_K ``(ql, qh,
+    sc as int16)`` 1."""
+    if isinstance(plane, Q4KPlane):
+        w1, w2 = plane.scale_words()
+        return (plane.qs, w1, w2), 0
+    return (plane.ql, plane.qh, plane.sc.view(torch.int16)), 1
+
+
+def outputs(m: int, n: int, split: int, bias, residual, device):
+    """``y`` float32 ``(m, n)``; what the kernel writes (``y``, or the ``(split, m, n)`` partials), and
+    the bias and residual pointers it gets (``y`` where there is none, or where the split reduction
+    adds them)."""
+    y = torch.empty(m, n, dtype=torch.float32, device=device)
+    if residual is not None:
+        assert residual.shape == y.shape and residual.dtype == torch.float32 and residual.is_contiguous()
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=device)
+    b = bias if bias is not None else y
+    res = residual if residual is not None and split == 1 else y
+    return y, out, b, res
 
 
 def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = False,

@@ -32,8 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from ..q4_k.plane import Q4KPlane
-from .gemm_wgmma import _decode, _span_words, _to_fragment, stage
+from .gemm_wgmma import _decode, _span_words, _store, _to_fragment, outputs, plane_words, stage
 
 
 def _bytes_layout(wg: int) -> gl.DistributedLinearLayout:
@@ -122,15 +121,7 @@ def _gemm_async_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
 
     wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
     am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-    ok = (wr < N) & (am < M)
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + wr, mask=wr < N, other=0.0)
-        if HAS_RES:
-            acc += gl.load(res_ptr + am * N + wr, mask=ok, other=0.0)
-        gl.store(y_ptr + am * N + wr, acc, mask=ok)
-    else:
-        gl.store(y_ptr + gl.program_id(2) * M * N + am * N + wr, acc, mask=ok)
+    _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
 #: (NA, WG, STAGES): activation rows and weight warpgroups a program, ring slots.
@@ -145,19 +136,10 @@ def gemm_wgmma_async(a: torch.Tensor, plane, bias: torch.Tensor | None, split: i
     assert na in (64, 128, 256) and wg in BYTES_LAYOUTS and stages >= 2
     m, k = a.shape
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
-    if isinstance(plane, Q4KPlane):
-        w1, w2 = plane.scale_words()
-        ws, wtype = (plane.qs, w1, w2), 0
-    else:
-        ws, wtype = (plane.ql, plane.qh, plane.sc.view(torch.int16)), 1
-    n = ws[0].shape[0]
-    y = torch.empty(m, n, dtype=torch.float32, device=a.device)
-    if residual is not None:
-        assert residual.shape == y.shape and residual.dtype == torch.float32 and residual.is_contiguous()
+    ws, wtype = plane_words(plane)
+    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
+    n = y.shape[1]
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl)
-    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=a.device)
-    b = bias if bias is not None else y
-    res = residual if residual is not None and split == 1 else y
     _gemm_async_kernel[(triton.cdiv(n, 64 * wg), triton.cdiv(m, na), split)](
         x, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), BL=BYTES_LAYOUTS[wg], NA=na, WG=wg, STAGES=stages,
         WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None, HAS_RES=residual is not None and split == 1,
