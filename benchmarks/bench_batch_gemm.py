@@ -12,7 +12,8 @@ MMA's A operand and the rows as its N, and not (or that alone); ``--ready``: abo
 ready bf16 copy too (``MINFER_MMQ=0``'s route); ``--fused-decode``: each with q4_K decoded in float32 and
 in bf16x2; ``--wgmma 1,2,4``: the warpgroup-MMA GEMM (``prefill.gemm_wgmma``) at these splits, with
 its largest difference from the fused GEMM's float32 product relative to the largest |value|;
-``--async NA,WG,ST[,SPLIT] ...``: the asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``)
+``--ws NA,WG,ST,P,REGS[,SPLIT] ...``: the warp-specialized GEMM (``prefill.gemm_wgmma_ws``) likewise
+(split 1 unless given). ``--async NA,WG,ST[,SPLIT] ...``: the asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``)
 at these tiles (split-K by default from ``tiles.async_split``), with the same difference; ``--only``:
 at each row count only the GEMMs asked for, the fused GEMM where the prefill route takes it and (above
 64 rows) expand + cuBLAS; no rows GEMM, no other fused tiles. ``--q6``: the 7B's q6_K weights instead.
@@ -40,6 +41,7 @@ from minfer_mmq_triton.launch.scratch import jit_matmul
 from minfer_mmq_triton.prefill.gemm_planes import dequant_plane, gemm_fused
 from minfer_mmq_triton.prefill.gemm_wgmma import gemm_wgmma
 from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
+from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
 from minfer_mmq_triton.q4_k.gemm_mma import gemm_q4p_mma
 from minfer_mmq_triton.q6_k.gemm_mma import gemm_q6_mma
 from minfer_mmq_triton.q6_k.plane import pack_q6k
@@ -91,6 +93,8 @@ def main() -> None:
     ap.add_argument("--wgmma", default="", help="splits of the warpgroup-MMA GEMM (prefill.gemm_wgmma), e.g. 1,2,4")
     ap.add_argument("--async", dest="tiles", nargs="*", default=[],
                     help="NA,WG,STAGES[,SPLIT] tiles of the asynchronous warpgroup-MMA GEMM (prefill.gemm_wgmma_async)")
+    ap.add_argument("--ws", dest="ws_tiles", nargs="*", default=[],
+                    help="NA,WG,STAGES,P,REGS[,SPLIT] tiles of the warp-specialized GEMM (prefill.gemm_wgmma_ws)")
     ap.add_argument("--only", action="store_true", help="no rows GEMM, no fused tiles: only the GEMMs asked for")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
@@ -100,6 +104,7 @@ def main() -> None:
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [tiles.ROWS_TILE]
     configs = [] if args.only else configs
     async_tiles = [tuple(int(v) for v in c.split(",")) for c in args.tiles]
+    ws_tiles = [tuple(int(v) for v in c.split(",")) for c in args.ws_tiles]
     fused = [tuple(int(v) for v in c.split(",")) for c in args.fused]
     aheads = [int(v) for v in args.ahead.split(",")] if args.ahead else [None]
     print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
@@ -125,7 +130,7 @@ def main() -> None:
                                         ahead=ah))
             am = torch.randn(m, k, device="cuda").bfloat16()
             na = tiles.wgmma_rows(m)
-            want = gemm_fused(am, ps[0], None, packed=False) if args.wgmma or async_tiles else None
+            want = gemm_fused(am, ps[0], None, packed=False) if args.wgmma or async_tiles or ws_tiles else None
             for split in [int(v) for v in args.wgmma.split(",") if v]:
                 err = ((gemm_wgmma(am, ps[0], None, na, split) - want).abs().max() / want.abs().max()).item()
                 row(m, f"wgmma split {split} (max diff / max {err:.1e})",
@@ -136,6 +141,13 @@ def main() -> None:
                        / want.abs().max()).item()
                 row(m, f"async NA {na} WG {wg} ST {st} split {split} (max diff / max {err:.1e})",
                     lambda p: gemm_wgmma_async(am, p, None, split, tile=(na, wg, st)))
+            for na, wg, st, p, regs, *more in ws_tiles:
+                split = more[0] if more else 1
+                err = ((gemm_wgmma_ws(am, ps[0], None, split, tile=(na, wg, st, p, regs)) - want).abs().max()
+                       / want.abs().max()).item()
+                row(m, f"warp-specialized NA {na} WG {wg} ST {st} P {p} REGS {regs} split {split} "
+                       f"(max diff / max {err:.1e})",
+                    lambda p_: gemm_wgmma_ws(am, p_, None, split, tile=(na, wg, st, p, regs)))
             for tile in () if args.only else (16, 64) if m <= 16 else (64,):
                 a = torch.randn(tile, k, device="cuda").bfloat16()
                 count = -(-m // tile)

@@ -165,3 +165,64 @@ def test_async_gemm_residual(split):
     want = res.double() + a.double() @ w64.T
     scale = (a.double().abs() @ w64.abs().T).max()
     assert ((y.double() - want).abs().max() / scale).item() < TOL_F16
+
+
+#: (NA, WG, STAGES, P, REGS) tiles of the warp-specialized GEMM: 256 and 128 activation rows, one and two
+#: MMA warpgroups, 4 and 8 decode warps, ring depths 3 to 5
+WS_TILES = [(256, 2, 4, 4, 168), (256, 1, 5, 4, 200), (128, 2, 4, 8, 128), (128, 1, 3, 4, 168)]
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("n,k,bias", [(300, 2048, True), (4608, 3584, False)], ids=str)
+def test_ws_gemm_matches_gguf(qt, n, k, bias):
+    """The warp-specialized GEMM (``prefill.gemm_wgmma_ws``) over row counts that leave a partial
+    activation tile and a partial weight tile (300 rows), three tiles, split-K 1 and 3."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
+
+    w = _weight(qt, n, k, seed=n + 2, bias=bias)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    w64 = oracle(w.raw, w.qtype, k).double().cuda()
+    gen = torch.Generator(device="cuda").manual_seed(k + 1)
+    for m in (65, 200, 513):
+        a = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        ref = a.double() @ w64.T + (w.bias.double() if bias else 0)
+        for tile in WS_TILES:
+            for split in (1, 3):
+                fro, mx = rel_err(gemm_wgmma_ws(a, plane, w.bias, split, tile=tile), ref)
+                assert fro < 1e-2 and mx < 2e-2, (m, tile, split, fro, mx)
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_ws_gemm_rows_keep_their_bits(qt):
+    """A row's bits are the same alone or among others, in any activation tile and place in it."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
+
+    n, k = 200, 2048
+    w = _weight(qt, n, k, seed=5)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    a = torch.randn(300, k, device="cuda").to(torch.bfloat16)
+    for tile in WS_TILES[:2]:
+        y = gemm_wgmma_ws(a, plane, w.bias, 2, tile=tile)
+        for lo, hi in ((5, 6), (0, 130), (250, 300)):
+            assert torch.equal(gemm_wgmma_ws(a[lo:hi].contiguous(), plane, w.bias, 2, tile=tile), y[lo:hi])
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_ws_gemm_residual(split):
+    """The residual added in the epilogue (split 1) or by the split reduction, against float64."""
+    from test_decode_gemv import oracle_dense
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
+
+    n, k = 300, 2048
+    w = _weight(QT.Q4_K, n, k, seed=9, bias=False)
+    plane = planes.BUILDERS[QT.Q4_K][1](w.raw, k)
+    w64 = oracle_dense(w.raw, QT.Q4_K).cuda()
+    a = torch.randn(150, k, device="cuda")
+    res = torch.randn(150, n, device="cuda")
+    y = gemm_wgmma_ws(a, plane, None, split, residual=res)
+    want = res.double() + a.double() @ w64.T
+    scale = (a.double().abs() @ w64.abs().T).max()
+    assert ((y.double() - want).abs().max() / scale).item() < TOL_F16

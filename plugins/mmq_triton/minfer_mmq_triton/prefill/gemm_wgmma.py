@@ -44,36 +44,36 @@ from ..q4_k.plane import Q4KPlane
 STAGE_BLOCK = 1024  # values a program of the staging kernel
 
 
-def _q4k_ptx() -> str:
+def _q4k_ptx(scales: tuple[str, ...] = ("$5", "$9", "$13", "$17")) -> str:
     """Four q4_K bytes (``$4``; their low nibbles lie in one sub-block, their high nibbles in another)
     -> the low-nibble values (``$0``, ``$1``) and the high-nibble values (``$2``, ``$3``) as f16x2
-    ``q s - m``: ``$5`` / ``$9`` the low nibbles' scale and negated min, ``$13`` / ``$17`` the high
-    nibbles', each a float16 pair (the other copies a pack passes are the same registers)."""
+    ``q s - m``, with ``scales`` the low nibbles' scale and negated min and the high nibbles', each a
+    float16 pair (under ``pack=4`` every operand comes four times: the same registers)."""
     lines = ["{", ".reg .b32 t<2>, u, mg;", "mov.b32 mg, 0x64006400;",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
     for i in range(4):
         if i == 2:
             lines += ["shr.b32 t0, t0, 4;", "shr.b32 t1, t1, 4;"]
-        s, m = ("$5", "$9") if i < 2 else ("$13", "$17")
+        s, m = scales[:2] if i < 2 else scales[2:]
         lines += [f"and.b32 u, t{i % 2}, 0x000F000F;", "or.b32 u, u, mg;", "sub.rn.f16x2 u, u, mg;",
                   f"fma.rn.f16x2 ${i}, u, {s}, {m};"]
     return "\n".join(lines + ["}"])
 
 
-def _q6k_ptx() -> str:
-    """Four q6_K ``ql`` bytes (``$4``) and their ``qh`` bytes (``$5``, shifted right by ``$14`` first:
+def _q6k_ptx(scales: tuple[str, str] = ("$6", "$10"), shift: str = "$14") -> str:
+    """Four q6_K ``ql`` bytes (``$4``) and their ``qh`` bytes (``$5``, shifted right by ``shift`` first:
     four times the span's half) -> the values of the low nibbles (``$0``, ``$1``; ``qh`` bits 0-1)
-    and of the high nibbles (``$2``, ``$3``; bits 2-3) as f16x2 ``s (q - 32)``, with ``$6`` / ``$10``
-    the two sub-blocks' float16 scale pairs. ``1024 + q`` minus 1056 is ``q - 32`` exactly."""
+    and of the high nibbles (``$2``, ``$3``; bits 2-3) as f16x2 ``s (q - 32)``, with ``scales`` the
+    two sub-blocks' float16 scale pairs. ``1024 + q`` minus 1056 is ``q - 32`` exactly."""
     lines = ["{", ".reg .b32 t<2>, g<2>, u, v, mg, mh, h;", "mov.b32 mg, 0x64006400;", "mov.b32 mh, 0x64206420;",
-             "shr.b32 h, $5, $14;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
+             f"shr.b32 h, $5, {shift};", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
              "prmt.b32 g0, h, 0, 0x4140;", "prmt.b32 g1, h, 0, 0x4342;"]
     for i in range(4):
         if i == 2:
             lines += ["shr.b32 t0, t0, 4;", "shr.b32 t1, t1, 4;"]
         lines += [f"and.b32 u, t{i % 2}, 0x000F000F;", f"shl.b32 v, g{i % 2}, {4 if i < 2 else 2};",
                   "and.b32 v, v, 0x00300030;", "or.b32 u, u, v;", "or.b32 u, u, mg;", "sub.rn.f16x2 u, u, mh;",
-                  f"mul.rn.f16x2 ${i}, u, {'$6' if i < 2 else '$10'};"]
+                  f"mul.rn.f16x2 ${i}, u, {scales[0] if i < 2 else scales[1]};"]
     return "\n".join(lines + ["}"])
 
 
@@ -139,9 +139,10 @@ def _decode(t, words, WTYPE: gl.constexpr):
 
 @triton.jit
 def _stage_kernel(a_ptr, x_ptr, nw_ptr, M, K, stride_a, eps, BLOCK: tl.constexpr, PRO: tl.constexpr,
-                  PDL: tl.constexpr):
+                  PERM: tl.constexpr, PDL: tl.constexpr):
     """Program ``(r, c)``: values ``c BLOCK ..`` of row ``r`` of the staged activations ``x`` (float16
-    ``(NA, K)``, PERM order within each 64-value half span, float16's range, rows from M on zero).
+    ``(NA, K)``, under PERM in PERM order within each 64-value half span, float16's range, rows from M
+    on zero).
 
     PRO, the producer applied first (the batched step's): 0 none; 1 RMSNorm, ``a * rsqrt(mean(a^2) +
     eps) * nw`` (each program sums the squares of the whole row); 2 SwiGLU of a ``(M, 2K)`` row
@@ -149,8 +150,10 @@ def _stage_kernel(a_ptr, x_ptr, nw_ptr, M, K, stride_a, eps, BLOCK: tl.constexpr
     enter(PDL)
     r = tl.program_id(0)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    q = k % 64  # logical position 16 j + 8 h + 4 s + 2 c0 + e -> byte 32 s + 16 c0 + 4 j + 2 h + e
-    src = k - q + 32 * ((q >> 2) & 1) + 16 * ((q >> 1) & 1) + 4 * (q >> 4) + 2 * ((q >> 3) & 1) + (q & 1)
+    src = k
+    if PERM:
+        q = k % 64  # logical position 16 j + 8 h + 4 s + 2 c0 + e -> byte 32 s + 16 c0 + 4 j + 2 h + e
+        src = k - q + 32 * ((q >> 2) & 1) + 16 * ((q >> 1) & 1) + 4 * (q >> 4) + 2 * ((q >> 3) & 1) + (q & 1)
     row = a_ptr + r * stride_a
     lim = tl.where(r < M, K, 0)  # values to read from this row
     ok = k < lim
@@ -291,10 +294,10 @@ def outputs(m: int, n: int, split: int, bias, residual, device):
 
 
 def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = False,
-          pdl: bool = False) -> torch.Tensor:
-    """The GEMM's activations: float16 ``(rows, K)`` in PERM order from ``a`` ``(M, K)`` (``(M, 2K)``
-    ``[g | u]`` with ``swiglu``), RMSNorm (``norm=(w, eps)``) or SwiGLU applied first, rows from M on
-    zero (see ``_stage_kernel``)."""
+          pdl: bool = False, perm: bool = True) -> torch.Tensor:
+    """The GEMM's activations: float16 ``(rows, K)`` from ``a`` ``(M, K)`` (``(M, 2K)`` ``[g | u]`` with
+    ``swiglu``), in PERM order under ``perm`` (else K's own order), RMSNorm (``norm=(w, eps)``) or SwiGLU
+    applied first, rows from M on zero (see ``_stage_kernel``)."""
     m, k = a.shape
     if swiglu:
         k //= 2
@@ -302,5 +305,5 @@ def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = 
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (a, 0.0)
     _stage_kernel[(rows, triton.cdiv(k, STAGE_BLOCK))](a, x, nw, m, k, a.stride(0), float(eps), BLOCK=STAGE_BLOCK,
-                                                       PRO=pro, **launch_args(pdl))
+                                                       PRO=pro, PERM=perm, **launch_args(pdl))
     return x

@@ -1,0 +1,242 @@
+"""q4_K / q6_K GEMMs of hundreds of rows on Hopper's warpgroup MMA, warp-specialized: decode warps write
+the weights to shared memory while the MMA warps multiply.
+
+``prefill.gemm_wgmma_async`` decodes the weights into the MMA's A registers, so the warps that decode
+are the warps that wait on the tensor cores, and the decode adds to the MMAs instead of overlapping
+them. Here the two are different warps of one program:
+
+- The *decode partition* (``P`` warps) loads a 128-value span of ``R`` weight rows (a span ahead and
+  the next after it in flight), decodes it with ``prefill.gemm_wgmma``'s f16x2 arithmetic into its low-
+  and high-nibble halves (64 values a row each, in the weight's own order: byte ``p`` holds values
+  ``p`` and ``64 + p``), and stores each half into a ring slot of shared memory, after asking the TMA
+  for the half's ``NA`` activation rows (float16, natural K order) into the same slot.
+- The *MMA partition* (``WG`` warpgroups, 64 weight rows each) waits for a slot, issues its ``wgmma``
+  (both operands from shared memory, K = 64) asynchronously, and once the previous slot's MMA has
+  completed hands that slot back.
+
+Each slot has two barriers: *ready* (the decode's arrival and the TMA's bytes) and *empty* (the MMA
+partition's arrival). The accumulator, ``64 WG x NA`` float32 per program, is stored by the MMA
+partition (``prefill.gemm_wgmma._store``), so split-K partials and the residual work as in the other
+GEMMs. The grid walks activation tiles fastest: programs running together share their weight rows.
+A row's bits do not depend on the other rows of the call (one column of the MMA, K in a fixed order).
+Gluon, CUDA only (compute capability 9.0).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..launch.pdl import enter, launch_args
+from ..launch.rows import reduce_splits
+from .gemm_wgmma import _f16_pair, _q4k_ptx, _q6k_ptx, _store, outputs, plane_words, stage
+
+
+def _decode_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
+    """A span's bytes of ``rows`` weight rows as int32 words ``(row, s, c0, w)`` (bytes ``32 s + 16 c0 +
+    4 w ..``) over ``warps`` warps: 4 contiguous words a thread and row (registers), the four 16-byte
+    runs of a row and 8 rows across a warp's lanes, then rows across warps, the remaining rows in
+    registers."""
+    lanes = [[0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
+    wbits = (warps - 1).bit_length()
+    rbits = (rows - 1).bit_length()
+    warp_bases = [[8 << i, 0, 0, 0] for i in range(wbits)]
+    extra = [[8 << i, 0, 0, 0] for i in range(wbits, rbits - 3)]
+    return gl.DistributedLinearLayout(reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2]] + extra, lane_bases=lanes,
+                                      warp_bases=warp_bases, block_bases=[], shape=[rows, 2, 2, 4])
+
+
+# the f16x2 decodes of ``prefill.gemm_wgmma`` on one word a call (pack=1: each operand once)
+_Q4K = gl.constexpr(_q4k_ptx(("$5", "$6", "$7", "$8")))
+_Q6K = gl.constexpr(_q6k_ptx(("$6", "$7"), "$8"))
+_ARGS = gl.constexpr("=r,=r,=r,=r,r,r,r,r,r")
+
+
+@gluon.jit
+def _span_range(K, SPLIT: gl.constexpr):
+    """This program's spans ``first .. last`` of split ``program_id(2)``."""
+    spans = K // 128
+    per = gl.cdiv(spans, SPLIT)
+    first = gl.minimum(gl.program_id(2) * per, spans)
+    return first, gl.minimum(first + per, spans)
+
+
+@gluon.jit
+def _words(t, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, n_rows, stride0, stride1, stride2, WTYPE: gl.constexpr):
+    """Span ``t`` of rows ``rb`` as loaded: q4_K its words ``[R, 2, 2, 4]``, its block's ``d | dmin``
+    word and the low and high nibbles' ``sc | m << 8`` words (``[R, 2, 1, 1]``); q6_K its ``ql`` and
+    ``qh`` words and the low and high nibbles' float16 scales (``[R, 2, 2, 1]``)."""
+    ok = rb < n_rows
+    p = sb * 8 + cb * 4 + wb  # word of the span's 64 bytes
+    q0 = w0_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    if WTYPE == 0:
+        return (gl.load(q0 + rb * (stride0 // 4) + t * 16 + p, mask=ok, other=0),
+                gl.load(w2_ptr + rb * stride2 + t // 2, mask=ok, other=0),
+                gl.load(w1_ptr + rb * stride1 + t * 4 + sb, mask=ok, other=0).to(gl.int32),
+                gl.load(w1_ptr + rb * stride1 + t * 4 + 2 + sb, mask=ok, other=0).to(gl.int32))
+    else:
+        q1 = w1_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+        sub = (t // 2) * 16 + (t % 2) * 8 + 2 * sb + cb  # 16-value sub-block of the low nibbles
+        return (gl.load(q0 + rb * (stride0 // 4) + t * 16 + p, mask=ok, other=0),
+                gl.load(q1 + rb * (stride1 // 4) + (t // 2) * 16 + p, mask=ok, other=0),
+                gl.load(w2_ptr + rb * stride2 + sub, mask=ok, other=0).to(gl.int32) & 0xFFFF,
+                gl.load(w2_ptr + rb * stride2 + sub + 4, mask=ok, other=0).to(gl.int32) & 0xFFFF)
+
+
+@gluon.jit
+def _decode_words(t, words, WTYPE: gl.constexpr):
+    """Span ``t``'s words (:func:`_words`) -> its low- and high-nibble halves, each ``[R, 32]`` int32
+    f16x2 pairs in K order (values ``2 i``, ``2 i + 1`` of the half in word ``i``)."""
+    if WTYPE == 0:
+        w, dmw, lo, hi = words
+        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        dmin = (dmw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+        ops = [_f16_pair(d * (lo & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((lo >> 8) & 0xFF).to(gl.float32)),
+               _f16_pair(d * (hi & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((hi >> 8) & 0xFF).to(gl.float32))]
+        l0, l1, h0, h1 = gl.inline_asm_elementwise(_Q4K, _ARGS, [w] + [gl.broadcast(o, w)[0] for o in ops],
+                                                   dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    else:
+        ql, qh, s0, s1 = words
+        shift = gl.full(ql.shape, 4, gl.int32, ql.type.layout) * (t % 2)
+        l0, l1, h0, h1 = gl.inline_asm_elementwise(
+            _Q6K, _ARGS, [ql, qh, gl.broadcast(s0 | (s0 << 16), ql)[0], gl.broadcast(s1 | (s1 << 16), ql)[0], shift],
+            dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+    R: gl.constexpr = l0.shape[0]
+    return gl.reshape(gl.join(l0, l1), [R, 32]), gl.reshape(gl.join(h0, h1), [R, 32])
+
+
+@gluon.jit
+def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, N, K, stride0, stride1,
+                      stride2, DL: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr):
+    """For each span: wait for its two ring slots, start the TMA of their activations, store the span's
+    decoded halves (decoded while waiting), then decode the next span; its words are loaded two spans
+    ahead."""
+    R: gl.constexpr = w_smem.shape[1]
+    S: gl.constexpr = w_smem.shape[0]
+    NA: gl.constexpr = x_desc.block_type.shape[0]
+    W32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    a0 = gl.program_id(0) * NA
+    w0 = gl.program_id(1) * R
+    first, last = _span_range(K, SPLIT)
+
+    L3: gl.constexpr = gl.SliceLayout(3, DL)
+    rb = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
+    sb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None, None]
+    cb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :, None]
+    wb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, DL))))[None, None, None, :]
+
+    top = gl.maximum(last - 1, 0)
+    lo, hi = _decode_words(first, _words(gl.minimum(first, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N,
+                                         stride0, stride1, stride2, WTYPE), WTYPE)
+    near = _words(gl.minimum(first + 1, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
+                  stride2, WTYPE)
+    far = _words(gl.minimum(first + 2, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
+                 stride2, WTYPE)
+    for t in range(first, last):
+        j = 2 * (t - first)
+        for h in gl.static_range(2):
+            s = (j + h) % S
+            mbarrier.wait(empty.index(s), (((j + h) // S) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [a0, t * 128 + 64 * h], ready.index(s), x_smem.index(s))
+        w_smem.index(j % S)._reinterpret(gl.int32, [R, 32], W32).store(lo)
+        w_smem.index((j + 1) % S)._reinterpret(gl.int32, [R, 32], W32).store(hi)
+        fence_async_shared()
+        gl.thread_barrier()  # every decode warp's stores are in shared memory
+        mbarrier.arrive(ready.index(j % S))
+        mbarrier.arrive(ready.index((j + 1) % S))
+        lo, hi = _decode_words(t + 1, near, WTYPE)
+        near = far
+        far = _words(gl.minimum(t + 3, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1, stride2,
+                     WTYPE)
+
+
+@gluon.jit
+def _mma_partition(w_smem, x_smem, ready, empty, K, MMA: gl.constexpr, SPLIT: gl.constexpr):
+    """Multiply each ready slot into the accumulator; hand a slot back once its MMA has completed."""
+    R: gl.constexpr = w_smem.shape[1]
+    S: gl.constexpr = w_smem.shape[0]
+    NA: gl.constexpr = x_smem.shape[1]
+    first, last = _span_range(K, SPLIT)
+    acc = gl.zeros([R, NA], gl.float32, layout=MMA)
+    for j in range(2 * (last - first)):
+        s = j % S
+        mbarrier.wait(ready.index(s), (j // S) & 1)
+        acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA of slot j - 1 has completed
+        gl.thread_barrier()  # in every warpgroup
+        mbarrier.arrive(empty.index((j + S - 1) % S), pred=j > 0)
+    return (warpgroup_mma_wait(0, deps=[acc]),)  # the default partition returns a tuple
+
+
+@gluon.jit
+def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride0, stride1, stride2,
+                    DL: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, P: gl.constexpr, REGS: gl.constexpr,
+                    WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
+                    PDL: gl.constexpr):
+    """Grid ``(cdiv(M, NA), cdiv(N, 64 WG), SPLIT)``; ``x_desc``: the staged activations ``(cdiv(M, NA) NA,
+    K)`` in ``[NA, 64]`` blocks; ``DL``: ``_decode_layout(64 WG, P)``; ``WTYPE`` 0: q4_K, 1: q6_K (as
+    ``prefill.gemm_wgmma``). ``y``: ``(M, N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT >
+    1`` the partials ``(SPLIT, M, N)``."""
+    R: gl.constexpr = 64 * WG
+    NA: gl.constexpr = x_desc.block_type.shape[0]
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1], instr_shape=[16, NA, 16])
+    WS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    w_smem = gl.allocate_shared_memory(gl.float16, [STAGES, R, 64], WS)
+    x_smem = gl.allocate_shared_memory(gl.float16, [STAGES, NA, 64], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=2)  # the TMA's expect and the decode's arrival
+        mbarrier.init(empty.index(i), count=1)
+    enter(PDL)
+    acc, = gl.warp_specialize([
+        (_mma_partition, (w_smem, x_smem, ready, empty, K, MMA, SPLIT)),
+        (_decode_partition, (x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, N, K, stride0, stride1,
+                             stride2, DL, WTYPE, SPLIT)),
+    ], [P], [REGS])
+
+    wr = gl.program_id(1) * R + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
+    am = gl.program_id(0) * NA + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+    _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+
+
+#: (NA, WG, STAGES, P, REGS): activation rows a program, MMA warpgroups (64 weight rows each), ring
+#: slots (half spans), decode warps and their registers a thread.
+DEFAULT_TILE = (256, 2, 4, 4, 152)
+
+
+def max_regs(wg: int, p: int) -> int:
+    """Registers a thread such that one program of ``4 wg + p`` warps fills a multiprocessor's 64K (the
+    MMA partition gets what the decode partition's ``REGS`` leave)."""
+    return 65536 // (32 * (4 * wg + p)) // 8 * 8
+
+
+def gemm_wgmma_ws(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int = 1, pdl: bool = False,
+                  residual: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] = DEFAULT_TILE
+                  ) -> torch.Tensor:
+    """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> float32 ``(M, N)`` for a q4_K or q6_K plane,
+    any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``: see ``DEFAULT_TILE``."""
+    na, wg, stages, p, regs = tile
+    assert na in (64, 128, 256) and wg in (1, 2) and stages >= 2 and p in (4, 8)
+    m, k = a.shape
+    assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
+    ws, wtype = plane_words(plane)
+    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
+    n = y.shape[1]
+    x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=False)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    x_desc = TensorDescriptor.from_tensor(x, [na, 64], layout)
+    _gemm_ws_kernel[(triton.cdiv(m, na), triton.cdiv(n, 64 * wg), split)](
+        x_desc, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), DL=_decode_layout(64 * wg, p), WG=wg,
+        STAGES=stages, P=p, REGS=regs, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None and split == 1, num_warps=4 * wg, maxnreg=max_regs(wg, p), **launch_args(pdl))
+    if split > 1:
+        reduce_splits(out, bias, residual, y, pdl)
+    return y
