@@ -129,9 +129,10 @@ def test_planes_replace_raw_bytes(tmp_path, monkeypatch):
 
 
 @pytest.mark.cuda
-def test_7b_prefill_agrees_with_reference(tmp_path):
-    """The synthesized full-size 7B (models/qwen2-7b-q4_k_m layout) on the GPU: a ~100-token
-    prompt through the default plan (prefill kernels, bf16 operands) against the reference backend
+@pytest.mark.parametrize("repeats", [12, 40])
+def test_7b_prefill_agrees_with_reference(tmp_path, repeats):
+    """The synthesized full-size 7B (models/qwen2-7b-q4_k_m layout) on the GPU: a ~90- or ~300-token
+    prompt (the matmuls' routes differ above 128 rows) through the default plan (prefill kernels, bf16 operands) against the reference backend
     (f32 dequantized weights). Tolerance 5e-2 relative on the logits: each prefill matmul rounds both
     operands to bf16 (u = 2^-9, ~sqrt(2) u = 0.0028 per matmul output) and 28 layers x 4 matmuls add
     ~112 such errors, ~0.0028 * sqrt(112) = 0.03; 5e-2 leaves 1.7x. Greedy tokens (teacher-forced on
@@ -141,8 +142,8 @@ def test_7b_prefill_agrees_with_reference(tmp_path):
     template = Path(__file__).resolve().parents[1] / "models" / "qwen2-7b-q4_k_m.layout.gguf.xz"
     path = tmp_path / "7b.gguf"
     synthesize(template, path, progress=False)
-    ref = Engine.load(path, backend="reference", device="cuda", n_ctx=256, progress=False)
-    ids = ref.tok.encode("The history of computing is long. " * 12)
+    ref = Engine.load(path, backend="reference", device="cuda", n_ctx=512, progress=False)
+    ids = ref.tok.encode("The history of computing is long. " * repeats)
     assert len(ids) >= 64
     lr = ref.prefill(ids)[-1].float().cpu()
     stream = [lr]
@@ -150,7 +151,7 @@ def test_7b_prefill_agrees_with_reference(tmp_path):
         stream.append(ref.decode(int(stream[-1].argmax())).float().cpu())
     del ref
     torch.cuda.empty_cache()
-    eng = Engine.load(path, device="cuda", n_ctx=256, progress=False)
+    eng = Engine.load(path, device="cuda", n_ctx=512, progress=False)
     lm = eng.prefill(ids)[-1].float().cpu()
     rel = float((lm - lr).norm() / lr.norm())
     assert rel < 5e-2, rel

@@ -76,8 +76,8 @@ def declared_gates() -> list[Gate]:
              "in the kernel (mmq.nb.raw.q4_k)", labels=("mmq.nb.q4_k",), group="plane_builder"),
         Gate("MINFER_DECODE_MMA", True, "q4_K / q6_K int8 decode GEMVs run on tensor cores (CUDA, cc >= 8.0, "
              "Triton with Gluon), and so do the batched step's q4_K / q6_K matmuls (mmq.rows.*) and, on Hopper, "
-             "q4_K / q6_K matmuls of up to 64 rows (the warpgroup-MMA GEMM) and large q4_K matmuls of up to 128 "
-             "rows (its asynchronous form)", "those GEMVs stay on the dp4a kernels "
+             "q4_K / q6_K matmuls of up to 64 rows (the warpgroup-MMA GEMM), large q4_K matmuls of up to 128 "
+             "rows (its asynchronous form) and of 129 to 512 (the warp-specialized GEMM)", "those GEMVs stay on the dp4a kernels "
              "(the same integer sums, another float summation order); the batched step runs q4_K / q6_K over "
              "fixed row tiles, on the fused GEMM", group="decode"),
         Gate("MINFER_PDL", True, "decode kernels and the batched step's kernels launch with programmatic "
@@ -228,7 +228,8 @@ def _raw_fill(weight: Weight):
 
 def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
     """Plane family: for few rows the warpgroup-MMA GEMM (under ``wgmma``, Hopper; its asynchronous
-    form where ``tiles.async_route`` says) or the fused GEMM (launched with PDL under ``pdl``), else
+    form where ``tiles.async_route`` says, the warp-specialized GEMM where ``tiles.ws_route`` says) or the
+    fused GEMM (launched with PDL under ``pdl``), else
     expand + cuBLAS; raw blocks when no plane was built (builder gate off, or a float16 overflow). Its
     ``tiled`` form always expands (once for all tiles)."""
     from .prefill import gemm_planes
@@ -258,6 +259,10 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
         if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
             return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k), pdl=pdl)
+        if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
+            from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
+            return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,
+                                 tile=tiles.WS_TILE)
         if plane is not None and tiles.use_fused(act.rows, n, k):
             return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
         return tiled(act)

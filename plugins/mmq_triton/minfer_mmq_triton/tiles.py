@@ -204,6 +204,30 @@ def async_split(m: int, n: int, k: int, tile: tuple[int, int, int] = ASYNC_TILE)
     return doubling_split(programs, k // 128, ASYNC_PROGRAMS, ASYNC_MIN_SPANS, ASYNC_MAX_SPLIT)
 
 
+#: q4_K matmuls of ASYNC_MAX_ROWS + 1 to WS_MAX_ROWS rows (WS_MAX_ROWS_LONG_K for weights of more inputs
+#: than outputs: the 7B's down) over weights of at least FUSED_WIDE_VALUES values run, on Hopper, on the
+#: warp-specialized GEMM (``prefill.gemm_wgmma_ws``) at WS_TILE, where they expanded the weight for
+#: cuBLAS. H100, 7B shapes, us a call against expand + cuBLAS (``.. --ws 256,1,5,8,96``): gate|up 168.0 /
+#: 269.3 at 256 rows, 301.9 / 343.0 at 512, 642.5 / 518.4 at 1,024; down 98.7 / 137.6 at 256 (split 2),
+#: 170.3 / 161.8 at 512. Split-K doubles while the tiles stay within WS_PROGRAMS and each split keeps
+#: WS_MIN_SPANS spans, up to WS_MAX_SPLIT (down at 256 rows: 2, the fastest of 1, 2 and 4).
+WS_MAX_ROWS, WS_MAX_ROWS_LONG_K = 512, 256
+WS_TILE = (256, 1, 5, 8, 96)
+WS_PROGRAMS, WS_MIN_SPANS, WS_MAX_SPLIT = 132, 8, 4
+
+
+def ws_route(qtype, m: int, n: int, k: int) -> bool:
+    """Whether an ``m``-row matmul over this weight runs on the warp-specialized GEMM (Hopper)."""
+    top = WS_MAX_ROWS_LONG_K if k > n else WS_MAX_ROWS
+    return qtype == QT.Q4_K and ASYNC_MAX_ROWS < m <= top and n * k >= FUSED_WIDE_VALUES
+
+
+def ws_split(m: int, n: int, k: int, tile: tuple[int, ...] = WS_TILE) -> int:
+    """Split-K of the warp-specialized GEMM for ``(m, k) @ (n, k).T`` at ``tile`` (``(NA, WG, ..)``)."""
+    na, wg = tile[:2]
+    return doubling_split(-(-n // (64 * wg)) * -(-m // na), k // 128, WS_PROGRAMS, WS_MIN_SPANS, WS_MAX_SPLIT)
+
+
 #: The batched step's q4_K weights of at most as many inputs as outputs (the 7B's qkv, o and gate|up)
 #: run, on Hopper, on the warpgroup-MMA GEMM in groups of WGMMA_BATCH_ROWS rows (the MMA's N, fixed
 #: whatever the step's row count, so a row's bits do not depend on it), split-K by ``wgmma_split``.

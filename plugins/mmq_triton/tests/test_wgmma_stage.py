@@ -37,3 +37,19 @@ def test_stage_applies_the_producers_and_pads_rows():
     big[0, 7] = -1e6
     s = stage(big, 8)[0].float()
     assert s.max() == 65504.0 and s.min() == -65504.0 and torch.isfinite(s).all()
+
+
+def test_stage_orders():
+    """``perm=0`` keeps K's order; ``perm=2`` swaps values ``4 w + 1`` and ``4 w + 2`` (the warp-specialized
+    GEMM's crossed q4_K decode); ``perm=1`` (PERM) is some permutation of each 64-value half span."""
+    from minfer_mmq_triton.prefill.gemm_wgmma import stage
+
+    gen = torch.Generator().manual_seed(1)
+    m, k, rows = 3, 256, 4
+    h = torch.randn(m, k, generator=gen).to(_dev())
+    want = h.half()
+    assert torch.equal(stage(h, rows, perm=0)[:m], want)
+    crossed = torch.arange(k).view(-1, 4)[:, [0, 2, 1, 3]].flatten()
+    assert torch.equal(stage(h, rows, perm=2)[:m], want[:, crossed.to(h.device)])
+    halves = stage(h, rows, perm=1)[:m].view(m, -1, 64)
+    assert torch.equal(halves.float().sort(-1).values, want.view(m, -1, 64).float().sort(-1).values)

@@ -44,17 +44,17 @@ from ..q4_k.plane import Q4KPlane
 STAGE_BLOCK = 1024  # values a program of the staging kernel
 
 
-def _q4k_ptx(scales: tuple[str, ...] = ("$5", "$9", "$13", "$17")) -> str:
+def _q4k_ptx() -> str:
     """Four q4_K bytes (``$4``; their low nibbles lie in one sub-block, their high nibbles in another)
     -> the low-nibble values (``$0``, ``$1``) and the high-nibble values (``$2``, ``$3``) as f16x2
-    ``q s - m``, with ``scales`` the low nibbles' scale and negated min and the high nibbles', each a
-    float16 pair (under ``pack=4`` every operand comes four times: the same registers)."""
+    ``q s - m``: ``$5`` / ``$9`` the low nibbles' scale and negated min, ``$13`` / ``$17`` the high
+    nibbles', each a float16 pair (the other copies a pack passes are the same registers)."""
     lines = ["{", ".reg .b32 t<2>, u, mg;", "mov.b32 mg, 0x64006400;",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
     for i in range(4):
         if i == 2:
             lines += ["shr.b32 t0, t0, 4;", "shr.b32 t1, t1, 4;"]
-        s, m = scales[:2] if i < 2 else scales[2:]
+        s, m = ("$5", "$9") if i < 2 else ("$13", "$17")
         lines += [f"and.b32 u, t{i % 2}, 0x000F000F;", "or.b32 u, u, mg;", "sub.rn.f16x2 u, u, mg;",
                   f"fma.rn.f16x2 ${i}, u, {s}, {m};"]
     return "\n".join(lines + ["}"])
@@ -141,8 +141,8 @@ def _decode(t, words, WTYPE: gl.constexpr):
 def _stage_kernel(a_ptr, x_ptr, nw_ptr, M, K, stride_a, eps, BLOCK: tl.constexpr, PRO: tl.constexpr,
                   PERM: tl.constexpr, PDL: tl.constexpr):
     """Program ``(r, c)``: values ``c BLOCK ..`` of row ``r`` of the staged activations ``x`` (float16
-    ``(NA, K)``, under PERM in PERM order within each 64-value half span, float16's range, rows from M
-    on zero).
+    ``(NA, K)``, float16's range, rows from M on zero), in the order PERM says: 0 K's own, 1 PERM
+    within each 64-value half span, 2 values ``4 w + 1`` and ``4 w + 2`` swapped.
 
     PRO, the producer applied first (the batched step's): 0 none; 1 RMSNorm, ``a * rsqrt(mean(a^2) +
     eps) * nw`` (each program sums the squares of the whole row); 2 SwiGLU of a ``(M, 2K)`` row
@@ -151,7 +151,9 @@ def _stage_kernel(a_ptr, x_ptr, nw_ptr, M, K, stride_a, eps, BLOCK: tl.constexpr
     r = tl.program_id(0)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     src = k
-    if PERM:
+    if PERM == 2:
+        src = k + ((k & 3) == 1).to(tl.int32) - ((k & 3) == 2).to(tl.int32)
+    if PERM == 1:
         q = k % 64  # logical position 16 j + 8 h + 4 s + 2 c0 + e -> byte 32 s + 16 c0 + 4 j + 2 h + e
         src = k - q + 32 * ((q >> 2) & 1) + 16 * ((q >> 1) & 1) + 4 * (q >> 4) + 2 * ((q >> 3) & 1) + (q & 1)
     row = a_ptr + r * stride_a
@@ -294,10 +296,10 @@ def outputs(m: int, n: int, split: int, bias, residual, device):
 
 
 def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = False,
-          pdl: bool = False, perm: bool = True) -> torch.Tensor:
+          pdl: bool = False, perm: int = 1) -> torch.Tensor:
     """The GEMM's activations: float16 ``(rows, K)`` from ``a`` ``(M, K)`` (``(M, 2K)`` ``[g | u]`` with
-    ``swiglu``), in PERM order under ``perm`` (else K's own order), RMSNorm (``norm=(w, eps)``) or SwiGLU
-    applied first, rows from M on zero (see ``_stage_kernel``)."""
+    ``swiglu``), in the order ``perm`` says (``_stage_kernel``'s PERM: 1 PERM), RMSNorm (``norm=(w,
+    eps)``) or SwiGLU applied first, rows from M on zero."""
     m, k = a.shape
     if swiglu:
         k //= 2
@@ -305,5 +307,5 @@ def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = 
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (a, 0.0)
     _stage_kernel[(rows, triton.cdiv(k, STAGE_BLOCK))](a, x, nw, m, k, a.stride(0), float(eps), BLOCK=STAGE_BLOCK,
-                                                       PRO=pro, PERM=perm, **launch_args(pdl))
+                                                       PRO=pro, PERM=int(perm), **launch_args(pdl))
     return x

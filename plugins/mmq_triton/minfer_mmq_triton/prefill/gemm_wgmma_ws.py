@@ -1,25 +1,32 @@
 """q4_K / q6_K GEMMs of hundreds of rows on Hopper's warpgroup MMA, warp-specialized: decode warps write
-the weights to shared memory while the MMA warps multiply.
+the weights to shared memory while the MMA warps multiply (``tiles.ws_route`` says where it serves).
 
 ``prefill.gemm_wgmma_async`` decodes the weights into the MMA's A registers, so the warps that decode
 are the warps that wait on the tensor cores, and the decode adds to the MMAs instead of overlapping
 them. Here the two are different warps of one program:
 
-- The *decode partition* (``P`` warps) loads a 128-value span of ``R`` weight rows (a span ahead and
-  the next after it in flight), decodes it with ``prefill.gemm_wgmma``'s f16x2 arithmetic into its low-
-  and high-nibble halves (64 values a row each, in the weight's own order: byte ``p`` holds values
-  ``p`` and ``64 + p``), and stores each half into a ring slot of shared memory, after asking the TMA
-  for the half's ``NA`` activation rows (float16, natural K order) into the same slot.
+- The *decode partition* (``P`` warps) loads a 128-value span of ``64 WG`` weight rows as int32 words
+  (two spans ahead), decodes it in f16x2 arithmetic into its low- and high-nibble halves (64 values a
+  row each: byte ``p`` of a span holds values ``p`` and ``64 + p``), and stores each half into a ring
+  slot of shared memory once the slot is free, after asking the TMA for the half's ``NA`` activation
+  rows (float16) into the same slot. q4_K masks a nibble pair straight into the mantissas of 1024.0,
+  which puts each word's values in the order 0, 2, 1, 3; the staged activations follow it
+  (``stage(perm=2)``). q6_K keeps ``prefill.gemm_wgmma``'s decode and K's own order.
 - The *MMA partition* (``WG`` warpgroups, 64 weight rows each) waits for a slot, issues its ``wgmma``
-  (both operands from shared memory, K = 64) asynchronously, and once the previous slot's MMA has
-  completed hands that slot back.
+  (both operands from shared memory, K = 64) asynchronously, hands the previous slot back once its MMA
+  has completed, and at the end of a tile stores it (``prefill.gemm_wgmma._store``, so split-K
+  partials and the residual work as in the other GEMMs) while the decode partition fills the ring for
+  the next.
 
 Each slot has two barriers: *ready* (the decode's arrival and the TMA's bytes) and *empty* (the MMA
-partition's arrival). The accumulator, ``64 WG x NA`` float32 per program, is stored by the MMA
-partition (``prefill.gemm_wgmma._store``), so split-K partials and the residual work as in the other
-GEMMs. The grid walks activation tiles fastest: programs running together share their weight rows.
-A row's bits do not depend on the other rows of the call (one column of the MMA, K in a fixed order).
-Gluon, CUDA only (compute capability 9.0).
+partition's arrival). A program (at most one a multiprocessor) walks tiles of ``NA`` activation rows
+x ``64 WG`` weight rows x a split, activation tiles fastest, so that programs running together share
+weight rows. A row's bits do not depend on the other rows of the call (one column of the MMA, K in a
+fixed order). Gluon, CUDA only (compute capability 9.0).
+
+Where its time goes (H100, ``benchmarks/README.md``): with the MMAs taken out a call takes about as
+long as the whole, so the decode partition is the bound; 8 decode warps beside one MMA warpgroup
+(the default tile) beat 4 beside two at 256-512 rows.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import _f16_pair, _q4k_ptx, _q6k_ptx, _store, outputs, plane_words, stage
+from .gemm_wgmma import _f16_pair, _q6k_ptx, _store, outputs, plane_words, stage
 
 
 def _decode_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
@@ -51,19 +58,43 @@ def _decode_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
                                       warp_bases=warp_bases, block_bases=[], shape=[rows, 2, 2, 4])
 
 
-# the f16x2 decodes of ``prefill.gemm_wgmma`` on one word a call (pack=1: each operand once)
-_Q4K = gl.constexpr(_q4k_ptx(("$5", "$6", "$7", "$8")))
+# q6_K: the f16x2 decode of ``prefill.gemm_wgmma`` on one word a call (pack=1: each operand once)
 _Q6K = gl.constexpr(_q6k_ptx(("$6", "$7"), "$8"))
 _ARGS = gl.constexpr("=r,=r,=r,=r,r,r,r,r,r")
 
 
+def _q4k_crossed_ptx() -> str:
+    """One q4_K word (``$4``) -> f16x2 ``q s - m`` of its low nibbles as bytes (0, 2) (``$0``) and (1, 3)
+    (``$1``), and of its high nibbles likewise (``$2``, ``$3``); ``$5`` / ``$6`` the low nibbles' scale
+    and negated min, ``$7`` / ``$8`` the high nibbles'. A nibble pair is masked straight into the
+    mantissas of 1024.0 (one ``lop3``), so the values land in the order 0, 2, 1, 3 of each word, which
+    the staged activations follow (``stage(perm=2)``)."""
+    lines = ["{", ".reg .b32 u, v, mg;", "mov.b32 mg, 0x64006400;"]
+    for i, shift in enumerate((0, 8, 4, 12)):
+        src = "$4"
+        if shift:
+            lines.append(f"shr.b32 v, $4, {shift};")
+            src = "v"
+        s, m = ("$5", "$6") if i < 2 else ("$7", "$8")
+        lines += [f"lop3.b32 u, {src}, 0x000F000F, mg, 0xEA;", "sub.rn.f16x2 u, u, mg;",
+                  f"fma.rn.f16x2 ${i}, u, {s}, {m};"]
+    return "\n".join(lines + ["}"])
+
+
+_Q4K_CROSSED = gl.constexpr(_q4k_crossed_ptx())
+
+
 @gluon.jit
-def _span_range(K, SPLIT: gl.constexpr):
-    """This program's spans ``first .. last`` of split ``program_id(2)``."""
+def _tile(i, M, N, K, NA: gl.constexpr, R: gl.constexpr, SPLIT: gl.constexpr):
+    """Tile ``i`` -> its first activation row, first weight row, split, and spans ``first .. last``;
+    activation tiles vary fastest, then weight tiles, then splits."""
+    n_a = gl.cdiv(M, NA)
+    n_w = gl.cdiv(N, R)
+    part = i // (n_a * n_w)
     spans = K // 128
     per = gl.cdiv(spans, SPLIT)
-    first = gl.minimum(gl.program_id(2) * per, spans)
-    return first, gl.minimum(first + per, spans)
+    first = gl.minimum(part * per, spans)
+    return (i % n_a) * NA, ((i // n_a) % n_w) * R, part, first, gl.minimum(first + per, spans)
 
 
 @gluon.jit
@@ -98,7 +129,7 @@ def _decode_words(t, words, WTYPE: gl.constexpr):
         dmin = (dmw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
         ops = [_f16_pair(d * (lo & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((lo >> 8) & 0xFF).to(gl.float32)),
                _f16_pair(d * (hi & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((hi >> 8) & 0xFF).to(gl.float32))]
-        l0, l1, h0, h1 = gl.inline_asm_elementwise(_Q4K, _ARGS, [w] + [gl.broadcast(o, w)[0] for o in ops],
+        l0, l1, h0, h1 = gl.inline_asm_elementwise(_Q4K_CROSSED, _ARGS, [w] + [gl.broadcast(o, w)[0] for o in ops],
                                                    dtype=(gl.int32,) * 4, is_pure=True, pack=1)
     else:
         ql, qh, s0, s1 = words
@@ -111,67 +142,78 @@ def _decode_words(t, words, WTYPE: gl.constexpr):
 
 
 @gluon.jit
-def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, N, K, stride0, stride1,
+def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, M, N, K, stride0, stride1,
                       stride2, DL: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr):
-    """For each span: wait for its two ring slots, start the TMA of their activations, store the span's
-    decoded halves (decoded while waiting), then decode the next span; its words are loaded two spans
-    ahead."""
+    """For each tile and span: wait for the span's two ring slots, start the TMA of their activations,
+    store the span's decoded halves (decoded while waiting), then decode the next span, whose words
+    were loaded two spans ahead."""
     R: gl.constexpr = w_smem.shape[1]
     S: gl.constexpr = w_smem.shape[0]
     NA: gl.constexpr = x_desc.block_type.shape[0]
     W32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    a0 = gl.program_id(0) * NA
-    w0 = gl.program_id(1) * R
-    first, last = _span_range(K, SPLIT)
-
     L3: gl.constexpr = gl.SliceLayout(3, DL)
-    rb = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
     sb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None, None]
     cb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :, None]
     wb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, DL))))[None, None, None, :]
 
-    top = gl.maximum(last - 1, 0)
-    lo, hi = _decode_words(first, _words(gl.minimum(first, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N,
-                                         stride0, stride1, stride2, WTYPE), WTYPE)
-    near = _words(gl.minimum(first + 1, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
-                  stride2, WTYPE)
-    far = _words(gl.minimum(first + 2, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
-                 stride2, WTYPE)
-    for t in range(first, last):
-        j = 2 * (t - first)
-        for h in gl.static_range(2):
-            s = (j + h) % S
-            mbarrier.wait(empty.index(s), (((j + h) // S) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [a0, t * 128 + 64 * h], ready.index(s), x_smem.index(s))
-        w_smem.index(j % S)._reinterpret(gl.int32, [R, 32], W32).store(lo)
-        w_smem.index((j + 1) % S)._reinterpret(gl.int32, [R, 32], W32).store(hi)
-        fence_async_shared()
-        gl.thread_barrier()  # every decode warp's stores are in shared memory
-        mbarrier.arrive(ready.index(j % S))
-        mbarrier.arrive(ready.index((j + 1) % S))
-        lo, hi = _decode_words(t + 1, near, WTYPE)
-        near = far
-        far = _words(gl.minimum(t + 3, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1, stride2,
-                     WTYPE)
+    c = 0  # half spans handed to the ring so far
+    tiles = gl.cdiv(M, NA) * gl.cdiv(N, R) * SPLIT
+    for i in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        a0, w0, part, first, last = _tile(i, M, N, K, NA, R, SPLIT)
+        rb = w0 + rows
+        top = gl.maximum(last - 1, 0)
+        lo, hi = _decode_words(first, _words(gl.minimum(first, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N,
+                                             stride0, stride1, stride2, WTYPE), WTYPE)
+        near = _words(gl.minimum(first + 1, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
+                      stride2, WTYPE)
+        far = _words(gl.minimum(first + 2, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
+                     stride2, WTYPE)
+        for t in range(first, last):
+            for h in gl.static_range(2):
+                s = c % S
+                mbarrier.wait(empty.index(s), ((c // S) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [a0, t * 128 + 64 * h], ready.index(s), x_smem.index(s))
+                w_smem.index(s)._reinterpret(gl.int32, [R, 32], W32).store(lo if h == 0 else hi)
+                fence_async_shared()
+                gl.thread_barrier()  # every decode warp's stores are in shared memory
+                mbarrier.arrive(ready.index(s))
+                c += 1
+            lo, hi = _decode_words(t + 1, near, WTYPE)
+            near = far
+            far = _words(gl.minimum(t + 3, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1, stride2,
+                         WTYPE)
 
 
 @gluon.jit
-def _mma_partition(w_smem, x_smem, ready, empty, K, MMA: gl.constexpr, SPLIT: gl.constexpr):
-    """Multiply each ready slot into the accumulator; hand a slot back once its MMA has completed."""
+def _mma_partition(w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N, K, MMA: gl.constexpr,
+                   SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr):
+    """For each tile: multiply each ready slot into the accumulator, hand a slot back once its MMA has
+    completed, and store the tile (while the decode partition fills the ring for the next)."""
     R: gl.constexpr = w_smem.shape[1]
     S: gl.constexpr = w_smem.shape[0]
     NA: gl.constexpr = x_smem.shape[1]
-    first, last = _span_range(K, SPLIT)
-    acc = gl.zeros([R, NA], gl.float32, layout=MMA)
-    for j in range(2 * (last - first)):
-        s = j % S
-        mbarrier.wait(ready.index(s), (j // S) & 1)
-        acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA of slot j - 1 has completed
-        gl.thread_barrier()  # in every warpgroup
-        mbarrier.arrive(empty.index((j + S - 1) % S), pred=j > 0)
-    return (warpgroup_mma_wait(0, deps=[acc]),)  # the default partition returns a tuple
+    c = 0  # half spans taken from the ring so far
+    tiles = gl.cdiv(M, NA) * gl.cdiv(N, R) * SPLIT
+    for i in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        a0, w0, part, first, last = _tile(i, M, N, K, NA, R, SPLIT)
+        acc = gl.zeros([R, NA], gl.float32, layout=MMA)
+        halves = 2 * (last - first)
+        for j in range(halves):
+            s = c % S
+            mbarrier.wait(ready.index(s), (c // S) & 1)
+            acc = warpgroup_mma(w_smem.index(s), x_smem.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA of the previous slot has completed
+            gl.thread_barrier()  # in every warpgroup
+            mbarrier.arrive(empty.index((c + S - 1) % S), pred=j > 0)
+            c += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index((c + S - 1) % S), pred=halves > 0)
+        wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
+        am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+        _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
 @gluon.jit
@@ -179,8 +221,8 @@ def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M,
                     DL: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, P: gl.constexpr, REGS: gl.constexpr,
                     WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
                     PDL: gl.constexpr):
-    """Grid ``(cdiv(M, NA), cdiv(N, 64 WG), SPLIT)``; ``x_desc``: the staged activations ``(cdiv(M, NA) NA,
-    K)`` in ``[NA, 64]`` blocks; ``DL``: ``_decode_layout(64 WG, P)``; ``WTYPE`` 0: q4_K, 1: q6_K (as
+    """Any grid (each program walks tiles ``program_id, + num_programs, ..`` of ``cdiv(M, NA) cdiv(N, 64
+    WG) SPLIT``); ``x_desc``: the staged activations ``(cdiv(M, NA) NA, K)`` in ``[NA, 64]`` blocks; ``DL``: ``_decode_layout(64 WG, P)``; ``WTYPE`` 0: q4_K, 1: q6_K (as
     ``prefill.gemm_wgmma``). ``y``: ``(M, N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT >
     1`` the partials ``(SPLIT, M, N)``."""
     R: gl.constexpr = 64 * WG
@@ -196,20 +238,17 @@ def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M,
         mbarrier.init(ready.index(i), count=2)  # the TMA's expect and the decode's arrival
         mbarrier.init(empty.index(i), count=1)
     enter(PDL)
-    acc, = gl.warp_specialize([
-        (_mma_partition, (w_smem, x_smem, ready, empty, K, MMA, SPLIT)),
-        (_decode_partition, (x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, N, K, stride0, stride1,
+    gl.warp_specialize([
+        (_mma_partition, (w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N, K, MMA, SPLIT, HAS_BIAS,
+                          HAS_RES)),
+        (_decode_partition, (x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, M, N, K, stride0, stride1,
                              stride2, DL, WTYPE, SPLIT)),
     ], [P], [REGS])
 
-    wr = gl.program_id(1) * R + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
-    am = gl.program_id(0) * NA + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-    _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
-
-#: (NA, WG, STAGES, P, REGS): activation rows a program, MMA warpgroups (64 weight rows each), ring
-#: slots (half spans), decode warps and their registers a thread.
-DEFAULT_TILE = (256, 2, 4, 4, 152)
+#: (NA, WG, STAGES, P, REGS): activation rows a tile, MMA warpgroups (64 weight rows each), ring slots
+#: (half spans), decode warps and their registers a thread.
+DEFAULT_TILE = (256, 1, 5, 8, 96)
 
 
 def max_regs(wg: int, p: int) -> int:
@@ -224,16 +263,18 @@ def gemm_wgmma_ws(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int 
     """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> float32 ``(M, N)`` for a q4_K or q6_K plane,
     any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``: see ``DEFAULT_TILE``."""
     na, wg, stages, p, regs = tile
-    assert na in (64, 128, 256) and wg in (1, 2) and stages >= 2 and p in (4, 8)
+    assert na in (64, 128, 256) and wg in (1, 2) and stages >= 2 and p in (4, 8) and 4 * wg + p <= 16
     m, k = a.shape
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
     ws, wtype = plane_words(plane)
     y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
     n = y.shape[1]
-    x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=False)
+    x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=2 if wtype == 0 else 0)  # _decode_words' K order
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor.from_tensor(x, [na, 64], layout)
-    _gemm_ws_kernel[(triton.cdiv(m, na), triton.cdiv(n, 64 * wg), split)](
+    tiles = triton.cdiv(m, na) * triton.cdiv(n, 64 * wg) * split
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    _gemm_ws_kernel[(min(tiles, sms),)](
         x_desc, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), DL=_decode_layout(64 * wg, p), WG=wg,
         STAGES=stages, P=p, REGS=regs, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None and split == 1, num_warps=4 * wg, maxnreg=max_regs(wg, p), **launch_args(pdl))
