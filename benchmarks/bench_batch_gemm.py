@@ -13,10 +13,11 @@ ready bf16 copy too (``MINFER_MMQ=0``'s route); ``--fused-decode``: each with q4
 in bf16x2; ``--wgmma 1,2,4``: the warpgroup-MMA GEMM (``prefill.gemm_wgmma``) at these splits, with
 its largest difference from the fused GEMM's float32 product relative to the largest |value|;
 ``--ws NA,WG,ST,P,REGS[,SPLIT] ...``: the warp-specialized GEMM (``prefill.gemm_wgmma_ws``) likewise
-(split 1 unless given). ``--async NA,WG,ST[,SPLIT] ...``: the asynchronous warpgroup-MMA GEMM (``prefill.gemm_wgmma_async``)
-at these tiles (split-K by default from ``tiles.async_split``), with the same difference; ``--only``:
-at each row count only the GEMMs asked for, the fused GEMM where the prefill route takes it and (above
-64 rows) expand + cuBLAS; no rows GEMM, no other fused tiles. ``--q6``: the 7B's q6_K weights instead.
+(split 1 unless given). ``--async NA,WG,ST[,SPLIT] ...``: the asynchronous warpgroup-MMA GEMM
+(``prefill.gemm_wgmma_async``) at these tiles (split-K by default from ``tiles.async_split``), with
+the same difference; ``--only``: at each row count only the GEMMs asked for, the fused GEMM where the
+prefill route takes it and (above 64 rows) expand + cuBLAS; no rows GEMM, no other fused tiles.
+``--q6``: the 7B's q6_K weights instead.
 ``--decode``: q4_K decoded in bf16x2 arithmetic against float32 (``tiles.BF16_DECODE_ROWS``), in the
 fused GEMM at each row count's tile and in the plane expansion, with the largest difference between
 the two products relative to the largest |value|.

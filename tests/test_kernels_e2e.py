@@ -131,12 +131,13 @@ def test_planes_replace_raw_bytes(tmp_path, monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize("repeats", [12, 40])
 def test_7b_prefill_agrees_with_reference(tmp_path, repeats):
-    """The synthesized full-size 7B (models/qwen2-7b-q4_k_m layout) on the GPU: a ~90- or ~300-token
-    prompt (the matmuls' routes differ above 128 rows) through the default plan (prefill kernels, bf16 operands) against the reference backend
-    (f32 dequantized weights). Tolerance 5e-2 relative on the logits: each prefill matmul rounds both
-    operands to bf16 (u = 2^-9, ~sqrt(2) u = 0.0028 per matmul output) and 28 layers x 4 matmuls add
-    ~112 such errors, ~0.0028 * sqrt(112) = 0.03; 5e-2 leaves 1.7x. Greedy tokens (teacher-forced on
-    the reference's) must agree wherever the reference's top-2 margin exceeds twice the logit error."""
+    """The synthesized full-size 7B (models/qwen2-7b-q4_k_m layout) on the GPU: a ~90- or ~300-token prompt
+    (the matmuls' routes differ above 128 rows) through the default plan (prefill kernels, bf16 operands)
+    against the reference backend (f32 dequantized weights). Tolerance 5e-2 relative on the logits: each
+    prefill matmul rounds both operands to bf16 (u = 2^-9, ~sqrt(2) u = 0.0028 per matmul output) and 28
+    layers x 4 matmuls add ~112 such errors, ~0.0028 * sqrt(112) = 0.03; 5e-2 leaves 1.7x. Greedy tokens
+    (teacher-forced on the reference's) must agree wherever the reference's top-2 margin exceeds twice the
+    logit error."""
     from pathlib import Path
 
     template = Path(__file__).resolve().parents[1] / "models" / "qwen2-7b-q4_k_m.layout.gguf.xz"

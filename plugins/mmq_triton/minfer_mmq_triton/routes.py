@@ -77,9 +77,9 @@ def declared_gates() -> list[Gate]:
         Gate("MINFER_DECODE_MMA", True, "q4_K / q6_K int8 decode GEMVs run on tensor cores (CUDA, cc >= 8.0, "
              "Triton with Gluon), and so do the batched step's q4_K / q6_K matmuls (mmq.rows.*) and, on Hopper, "
              "q4_K / q6_K matmuls of up to 64 rows (the warpgroup-MMA GEMM), large q4_K matmuls of up to 128 "
-             "rows (its asynchronous form) and of 129 to 512 (the warp-specialized GEMM)", "those GEMVs stay on the dp4a kernels "
-             "(the same integer sums, another float summation order); the batched step runs q4_K / q6_K over "
-             "fixed row tiles, on the fused GEMM", group="decode"),
+             "rows (its asynchronous form) and of 129 to 512 (the warp-specialized GEMM)",
+             "those GEMVs stay on the dp4a kernels (the same integer sums, another float summation order); the "
+             "batched step runs q4_K / q6_K over fixed row tiles, on the fused GEMM", group="decode"),
         Gate("MINFER_PDL", True, "decode kernels and the batched step's kernels launch with programmatic "
              "dependent launch (CUDA, cc >= 9.0)", "they launch without PDL (A/B runs, debugging)", group="decode"),
     ]
@@ -228,10 +228,10 @@ def _raw_fill(weight: Weight):
 
 def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
     """Plane family: for few rows the warpgroup-MMA GEMM (under ``wgmma``, Hopper; its asynchronous
-    form where ``tiles.async_route`` says, the warp-specialized GEMM where ``tiles.ws_route`` says) or the
-    fused GEMM (launched with PDL under ``pdl``), else
-    expand + cuBLAS; raw blocks when no plane was built (builder gate off, or a float16 overflow). Its
-    ``tiled`` form always expands (once for all tiles)."""
+    form where ``tiles.async_route`` says, the warp-specialized GEMM where ``tiles.ws_route`` says) or
+    the fused GEMM (launched with PDL under ``pdl``), else expand + cuBLAS; raw blocks when no plane
+    was built (builder gate off, or a float16 overflow). Its ``tiled`` form always expands (once for
+    all tiles)."""
     from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in

@@ -167,16 +167,16 @@ def test_async_gemm_residual(split):
     assert ((y.double() - want).abs().max() / scale).item() < TOL_F16
 
 
-#: (NA, WG, STAGES, P, REGS) tiles of the warp-specialized GEMM: 256 and 128 activation rows, one and two
-#: MMA warpgroups, 4 and 8 decode warps, ring depths 3 to 5
-WS_TILES = [(256, 2, 4, 4, 168), (256, 1, 5, 4, 200), (128, 2, 4, 8, 128), (128, 1, 3, 4, 168)]
+#: (NA, WG, STAGES, P, REGS) tiles of the warp-specialized GEMM: the routed one (``tiles.WS_TILE``), then 256
+#: and 128 activation rows, one and two MMA warpgroups, 4 and 8 decode warps, ring depths 3 to 5
+WS_TILES = [(256, 1, 5, 8, 96), (256, 2, 4, 4, 168), (128, 2, 4, 8, 128), (128, 1, 3, 4, 168)]
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("n,k,bias", [(300, 2048, True), (4608, 3584, False)], ids=str)
 def test_ws_gemm_matches_gguf(qt, n, k, bias):
     """The warp-specialized GEMM (``prefill.gemm_wgmma_ws``) over row counts that leave a partial
-    activation tile and a partial weight tile (300 rows), three tiles, split-K 1 and 3."""
+    activation tile and a partial weight tile (300 rows), four tiles, split-K 1 and 3."""
     from minfer_mmq_triton import planes
     from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
 

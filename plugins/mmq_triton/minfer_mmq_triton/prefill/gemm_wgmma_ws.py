@@ -221,10 +221,11 @@ def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M,
                     DL: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, P: gl.constexpr, REGS: gl.constexpr,
                     WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
                     PDL: gl.constexpr):
-    """Any grid (each program walks tiles ``program_id, + num_programs, ..`` of ``cdiv(M, NA) cdiv(N, 64
-    WG) SPLIT``); ``x_desc``: the staged activations ``(cdiv(M, NA) NA, K)`` in ``[NA, 64]`` blocks; ``DL``: ``_decode_layout(64 WG, P)``; ``WTYPE`` 0: q4_K, 1: q6_K (as
-    ``prefill.gemm_wgmma``). ``y``: ``(M, N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT >
-    1`` the partials ``(SPLIT, M, N)``."""
+    """Any grid: each program walks tiles ``program_id, + num_programs, ..`` of ``cdiv(M, NA) cdiv(N, 64
+    WG) SPLIT``. ``x_desc``: the staged activations ``(cdiv(M, NA) NA, K)`` in ``[NA, 64]`` blocks;
+    ``DL``: ``_decode_layout(64 WG, P)``; ``WTYPE`` 0: q4_K, 1: q6_K (as ``prefill.gemm_wgmma``). ``y``:
+    ``(M, N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT > 1`` the partials ``(SPLIT, M,
+    N)``."""
     R: gl.constexpr = 64 * WG
     NA: gl.constexpr = x_desc.block_type.shape[0]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1], instr_shape=[16, NA, 16])
