@@ -122,7 +122,8 @@ def _words(t, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, n_rows, stride0, stride1, 
 @gluon.jit
 def _decode_words(t, words, WTYPE: gl.constexpr):
     """Span ``t``'s words (:func:`_words`) -> its low- and high-nibble halves, each ``[R, 32]`` int32
-    f16x2 pairs in K order (values ``2 i``, ``2 i + 1`` of the half in word ``i``)."""
+    f16x2 pairs, word ``i`` of a half holding its values ``2 i``, ``2 i + 1`` (q6_K) or, q4_K, the
+    crossed order of :func:`_q4k_crossed_ptx` (values ``4 w, 4 w + 2`` then ``4 w + 1, 4 w + 3``)."""
     if WTYPE == 0:
         w, dmw, lo, hi = words
         d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
@@ -144,9 +145,9 @@ def _decode_words(t, words, WTYPE: gl.constexpr):
 @gluon.jit
 def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, M, N, K, stride0, stride1,
                       stride2, DL: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr):
-    """For each tile and span: wait for the span's two ring slots, start the TMA of their activations,
-    store the span's decoded halves (decoded while waiting), then decode the next span, whose words
-    were loaded two spans ahead."""
+    """For each tile and half span: wait for its ring slot, start the TMA of its activations, store its
+    decoded half (decoded while waiting) and hand the slot over; after each span, decode the next, whose
+    words were loaded two spans ahead."""
     R: gl.constexpr = w_smem.shape[1]
     S: gl.constexpr = w_smem.shape[0]
     NA: gl.constexpr = x_desc.block_type.shape[0]
