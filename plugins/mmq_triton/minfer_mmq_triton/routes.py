@@ -261,8 +261,7 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
             return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k), pdl=pdl)
         if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
-            return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,
-                                 tile=tiles.WS_TILE)
+            return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl)
         if plane is not None and tiles.use_fused(act.rows, n, k):
             return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
         return tiled(act)

@@ -118,16 +118,24 @@ def _span_words(t, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, ib, n_rows, stride0, stri
 
 
 @gluon.jit
+def _q4k_scales(dmw, lo, hi, like):
+    """A q4_K span's ``d | dmin`` word and its low and high nibbles' ``sc | m << 8`` words -> the four
+    f16x2 operands of the decode (low scale, low negated min, high scale, high negated min), broadcast
+    to ``like``'s shape."""
+    d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    dmin = (dmw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    ops = [_f16_pair(d * (lo & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((lo >> 8) & 0xFF).to(gl.float32)),
+           _f16_pair(d * (hi & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((hi >> 8) & 0xFF).to(gl.float32))]
+    return [gl.broadcast(o, like)[0] for o in ops]
+
+
+@gluon.jit
 def _decode(t, words, WTYPE: gl.constexpr):
     """Span ``t``'s words (:func:`_span_words`) -> its low- and high-nibble values, float16
     ``[64, 2, 2, 16]``."""
     if WTYPE == 0:
         b, dmw, lo, hi = words
-        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        dmin = (dmw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        ops = [_f16_pair(d * (lo & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((lo >> 8) & 0xFF).to(gl.float32)),
-               _f16_pair(d * (hi & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((hi >> 8) & 0xFF).to(gl.float32))]
-        return gl.inline_asm_elementwise(_Q4K, _Q4K_ARGS, [b] + [gl.broadcast(o, b)[0] for o in ops],
+        return gl.inline_asm_elementwise(_Q4K, _Q4K_ARGS, [b] + _q4k_scales(dmw, lo, hi, b),
                                          dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
     else:
         ql, qh, s0, s1 = words

@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from .. import tiles
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
 from .gemm_wgmma import _decode, _span_words, _store, _to_fragment, outputs, plane_words, stage
@@ -124,8 +125,8 @@ def _gemm_async_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
     _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
-#: (NA, WG, STAGES): activation rows and weight warpgroups a program, ring slots.
-DEFAULT_TILE = (128, 1, 2)
+#: (NA, WG, STAGES): activation rows and weight warpgroups a program, ring slots; the route's.
+DEFAULT_TILE = tiles.ASYNC_TILE
 
 
 def gemm_wgmma_async(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int = 1, pdl: bool = False,

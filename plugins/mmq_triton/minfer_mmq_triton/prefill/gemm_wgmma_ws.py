@@ -39,9 +39,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .. import tiles
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import _f16_pair, _q6k_ptx, _store, outputs, plane_words, stage
+from .gemm_wgmma import _q4k_scales, _q6k_ptx, _store, outputs, plane_words, stage
 
 
 def _decode_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
@@ -126,11 +127,7 @@ def _decode_words(t, words, WTYPE: gl.constexpr):
     crossed order of :func:`_q4k_crossed_ptx` (values ``4 w, 4 w + 2`` then ``4 w + 1, 4 w + 3``)."""
     if WTYPE == 0:
         w, dmw, lo, hi = words
-        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        dmin = (dmw >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        ops = [_f16_pair(d * (lo & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((lo >> 8) & 0xFF).to(gl.float32)),
-               _f16_pair(d * (hi & 0xFF).to(gl.float32)), _f16_pair(-dmin * ((hi >> 8) & 0xFF).to(gl.float32))]
-        l0, l1, h0, h1 = gl.inline_asm_elementwise(_Q4K_CROSSED, _ARGS, [w] + [gl.broadcast(o, w)[0] for o in ops],
+        l0, l1, h0, h1 = gl.inline_asm_elementwise(_Q4K_CROSSED, _ARGS, [w] + _q4k_scales(dmw, lo, hi, w),
                                                    dtype=(gl.int32,) * 4, is_pure=True, pack=1)
     else:
         ql, qh, s0, s1 = words
@@ -249,8 +246,8 @@ def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M,
 
 
 #: (NA, WG, STAGES, P, REGS): activation rows a tile, MMA warpgroups (64 weight rows each), ring slots
-#: (half spans), decode warps and their registers a thread.
-DEFAULT_TILE = (256, 1, 5, 8, 96)
+#: (half spans), decode warps and their registers a thread; the route's.
+DEFAULT_TILE = tiles.WS_TILE
 
 
 def max_regs(wg: int, p: int) -> int:
