@@ -93,10 +93,11 @@ class Runtime:
         ys = [c.fn(act[t]) for t in row_tiles(act.rows, tile)]
         return ys[0] if len(ys) == 1 else torch.cat(ys)
 
-    def decode_linear(self, name: str, x: torch.Tensor, residual: torch.Tensor | None = None,
+    def decode_linear(self, name: str, x, residual: torch.Tensor | None = None,
                       norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
         """Single-token ``[residual +] f(x) @ W.T`` where ``f`` is an optional RMSNorm (``norm=(w,
-        eps)``) or SwiGLU; each piece runs inside the kernel when its candidate ``fuses`` it."""
+        eps)``) or SwiGLU; each piece runs inside the kernel when its candidate ``fuses`` it. ``x``:
+        f32 rows, or an :class:`Activation` whose ``forms`` the candidate may read."""
         return self._fused(self.plan.decode[name], x, residual, norm, swiglu)
 
     def batch_linear(self, name: str, x: torch.Tensor, residual: torch.Tensor | None = None,
@@ -105,8 +106,13 @@ class Runtime:
         kernel (``plan.batch``; only for weights that have one)."""
         return self._fused(self.plan.batch[name], x, residual, norm, swiglu)
 
-    def _fused(self, c, x: torch.Tensor, residual, norm, swiglu) -> torch.Tensor:
+    def _fused(self, c, x, residual, norm, swiglu) -> torch.Tensor:
         kw = {}
+        if isinstance(x, Activation):  # the forms of x the candidate reads, when it multiplies x itself
+            forms = {f: x.forms[f] for f in c.reads if f in x.forms}
+            if forms and norm is None and not swiglu:
+                kw["forms"] = forms
+            x = x.f32
         if norm is not None:
             if "rmsnorm" in c.fuses:
                 kw["norm"] = norm

@@ -23,6 +23,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .matmuls import Matmuls
+from .weights import Activation
 
 
 @dataclass
@@ -67,4 +68,7 @@ class ContiguousToken:
         cfg, rt, c, n = model.cfg, model.rt, model.cache, model.n_ctx
         q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], self.pos,
                     cfg.rope_style == "neox")
-        return rt._run(rt.attn_decode, q, c.k[i, :n], c.v[i, :n], self.n_valid).view(1, -1)
+        out = rt._run(rt.attn_decode, q, c.k[i, :n], c.v[i, :n], self.n_valid)
+        if isinstance(out, Activation):  # with other forms of the same row (see Activation.forms)
+            return Activation(out.f32.view(1, -1), forms=out.forms)
+        return out.view(1, -1)

@@ -42,16 +42,21 @@ class Weight:
 
 @dataclass
 class Activation:
-    """A prefill activation as its producer wrote it.
+    """An activation as its producer wrote it.
 
     ``f32``: the float32 rows ``(M, K)`` (absent under fuse mode 2).
     ``plane``: the layout the plane-family GEMMs read (bf16 ``(M, K)``), written once per
     producer when a chosen prefill consumer reads it (a ``Candidate`` whose ``reads`` holds
     ``"plane"``); absent otherwise.
+    ``forms``: other layouts of the same rows, by name, that the kernel producing them wrote on
+    the way (the decode attention's output in a plugin's quantized layout). The core hands a
+    decode matmul ``forms=`` the ones its candidate's ``reads`` names; every other consumer
+    reads ``f32``.
     """
 
     f32: Optional[torch.Tensor]
     plane: Optional[torch.Tensor] = None
+    forms: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -76,6 +81,9 @@ class Candidate:
     ``"rmsnorm"``: ``fn(h, norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight;
     ``"swiglu"``: ``fn(gu, swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``.
     The core does whatever a candidate does not fuse itself.
+    ``reads`` (prefill matmuls): the layouts of the activation ``fn`` reads (``"f32"``, ``"plane"``);
+    (decode matmuls): the names of :attr:`Activation.forms` that ``fn(x, forms={name: data})`` can
+    take in place of quantizing ``x`` itself.
     ``reads_raw``: whether ``fn`` reads ``weight.raw`` when it runs. When none of a weight's chosen
     kernels does, the core releases the raw bytes after planning (planes replace them).
     ``small_tiles`` (prefill matmuls): the kernel's time keeps falling with the row count down to 16

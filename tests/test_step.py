@@ -5,6 +5,8 @@ model's prompt in two chunks and must give the logits of the built-in prompt pas
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from minfer_core.engine import Engine
 from minfer_core.matmuls import PromptMatmuls
 from minfer_core.step import ContiguousPrompt, Step
+from minfer_core.weights import Activation
 
 BLOCK = 4
 
@@ -95,3 +98,36 @@ def test_logit_rows_pick_rows_and_may_be_empty(smollm):
 
     assert torch.allclose(run(torch.tensor([2, 0])), full[[2, 0]], atol=1e-3, rtol=1e-3)
     assert run(torch.tensor([], dtype=torch.long)).shape == (0, model.cfg.vocab_size)
+
+
+def test_decode_attention_forms_reach_only_the_matmuls_that_read_them(smollm):
+    """A decode attention may return an ``Activation`` carrying other forms of its output (the
+    mmq plugin's quantized copy); the core hands ``forms=`` to the decode matmul whose candidate's
+    ``reads`` names one, plain f32 rows to every other, and the logits stay those of the plain step."""
+    model = smollm.model
+    rt = model.rt
+    ids = torch.tensor(smollm.tok.encode("one two three", add_special=True))
+    pos = torch.tensor([len(ids)])
+    model.prompt(ids, 0)
+    plain = model.decode_step(ids[-1:], pos)
+
+    attn, o_name = rt.attn_decode, "blk.0.attn_output"
+    o, seen = rt.plan.decode[o_name], []
+
+    def attend(*args):
+        out = attn.fn(*args)
+        return Activation(out, forms={"test.form": ("marker", out.numel()), "test.other": None})
+
+    def o_fn(x, forms=None, **kw):
+        seen.append((type(x), forms))
+        return o.fn(x, **kw)
+
+    rt.attn_decode = dataclasses.replace(attn, fn=attend)
+    rt.plan.decode[o_name] = dataclasses.replace(o, fn=o_fn, reads=("f32", "test.form"))
+    try:  # the same step again: it rewrites the same cache row
+        got = model.decode_step(ids[-1:], pos)
+    finally:
+        rt.attn_decode, rt.plan.decode[o_name] = attn, o
+    assert torch.equal(got, plain)
+    q_dim = model.cfg.n_heads * model.cfg.head_dim
+    assert seen == [(torch.Tensor, {"test.form": ("marker", q_dim)})]  # layer 0's o; the others got f32 alone

@@ -47,6 +47,7 @@ from . import planes
 from .families import INT8, KQUANTS, SERVED
 from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
+from .ops.quant_x import FORM
 from .q6_k.plane import pack_q6k
 from .tiles import decode_config
 
@@ -99,6 +100,12 @@ def fuses(config: tuple, bias) -> tuple[str, ...]:
     return out + (("rmsnorm", "swiglu") if mode in (2, 3) else ("swiglu",))
 
 
+def reads_forms(config: tuple) -> tuple[str, ...]:
+    """What ``fn`` reads of an activation (``Candidate.reads``): x, and under MODE 3 x already in
+    ``quant_x.FORM`` (``fn(x, forms={FORM: ...})``, from the decode attention)."""
+    return ("f32", FORM) if len(config) > 3 and config[3] == 3 else ("f32",)
+
+
 def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
               config: Optional[tuple] = None, role: str = "",
               pdl: bool = False) -> Callable[..., torch.Tensor]:
@@ -132,12 +139,12 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
 
         tiles = bn // (16 * warps)
         if qt == QT.Q4_K:
-            def run(x, res, norm, swiglu):
+            def run(x, res, norm, swiglu, xq=None):
                 return gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
-                                             lookahead=bool(rest[2]) if len(rest) > 2 else False)
+                                    lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq)
         else:
-            def run(x, res, norm, swiglu):
-                return gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl)
+            def run(x, res, norm, swiglu, xq=None):
+                return gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl, xq=xq)
     elif mode == 2:
         if qt not in INT8:
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
@@ -169,9 +176,10 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
                                            swiglu)
 
     fused = fuses(config, bias)
+    reads = reads_forms(config)
 
     def fn(x: torch.Tensor, residual: Optional[torch.Tensor] = None, norm: Optional[tuple] = None,
-           swiglu: bool = False) -> torch.Tensor:
+           swiglu: bool = False, forms: Optional[dict] = None) -> torch.Tensor:
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.float().contiguous()
         if norm is not None and "rmsnorm" not in fused:
@@ -179,11 +187,14 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
         if norm is not None and swiglu:
             raise ValueError("a GEMV applies RMSNorm or SwiGLU to x, not both")
         res = residual if "residual" in fused else None
-        y = run(x, None if res is None else res.float().contiguous(), norm, swiglu)
+        res = None if res is None else res.float().contiguous()
+        xq = (forms or {}).get(FORM) if norm is None and not swiglu and FORM in reads else None
+        y = run(x, res, norm, swiglu) if xq is None else run(x, res, norm, swiglu, xq=xq)
         return y if residual is None or res is not None else y + residual
 
     fn.scratch = scratch  # split-K buffers (tests check the counters return to zero)
     fn.fuses = fused
+    fn.reads = reads
     return fn
 
 
@@ -217,6 +228,6 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
                                         pdl=pdl)
             return state["fn"](x, **kw)
 
-        return [Candidate(PLUGIN, label, lazy, fuses=fused)]
+        return [Candidate(PLUGIN, label, lazy, fuses=fused, reads=reads_forms(config))]
     fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config, pdl=pdl)
-    return [Candidate(PLUGIN, label, fn, fuses=fused, reads_raw=raw)]
+    return [Candidate(PLUGIN, label, fn, fuses=fused, reads=fn.reads, reads_raw=raw)]

@@ -35,8 +35,10 @@ NARROW_ROWS, NARROW_SPLIT = 2048, 4
 LONG_K = 8192
 #: The int8 path serves weights of at least INT8_MIN_BYTES (below, its extra launch costs more than
 #: the dot products save) and, at any size, the roles whose input is an RMSNorm output: there the
-#: quantizing launch replaces the norm's own.
-INT8_MIN_BYTES = 16 << 20
+#: quantizing launch replaces the norm's own. On tensor cores (MODE 3) from INT8_MIN_BYTES_MMA: the
+#: 7B's q and o (7.2 MB) took 7.6 us a call as float GEMVs and 5.4 + 1.3 (the quantizer) on MMA (H200,
+#: ``step_timeline.py``), tg128 443.5 -> 453.7, at depth 4,096 416.9 -> 425.0 (one call, alternating).
+INT8_MIN_BYTES, INT8_MIN_BYTES_MMA = 16 << 20, 4 << 20
 INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 #: Legacy rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one (masked) step covers the
@@ -48,6 +50,10 @@ LEGACY_ONE_STEP = 32
 #: (q4_K with the next step requested before each step's arithmetic), the others q4_K 4 spans, q6_K
 #: 2 blocks, split-K until the grid has about MMA_PROGRAMS programs (at most MMA_MAX_SPLIT splits).
 MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
+#: q6_K below MMA_TALL rows: MMA_Q6K_TILES 16-row tiles a warp, MMA_Q6K_BLOCKS blocks a step (7B tg128,
+#: H200, one call: 453.7 against 446.8 at one tile, 443.4 at one tile and one block; 1,280 programs
+#: with 16 splits 425.7, 320 programs 442.5).
+MMA_Q6K_TILES, MMA_Q6K_BLOCKS = 2, 2
 
 #: Split-K (``launch.split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays under
 #: TARGET_PROGRAMS and each split keeps MIN_STEPS steps (MIN_STEPS_TINY under 2 MiB, where latency
@@ -283,11 +289,11 @@ def mma_config(qt, n: int) -> tuple[int, ...]:
     blocks) weight of ``n`` rows."""
     if n >= MMA_TALL:
         return 16 * MMA_WARPS, 2, MMA_WARPS, 3, 1, int(qt == QT.Q4_K)
-    bn = 16 * MMA_WARPS * (2 if qt == QT.Q6_K else 1)
+    bn = 16 * MMA_WARPS * (MMA_Q6K_TILES if qt == QT.Q6_K else 1)
     split, blocks = 1, -(-n // bn)
     while split < MMA_MAX_SPLIT and blocks * split * 2 <= MMA_PROGRAMS:
         split *= 2
-    return bn, 4 if qt == QT.Q4_K else 2, MMA_WARPS, 3, split, 0
+    return bn, 4 if qt == QT.Q4_K else MMA_Q6K_BLOCKS, MMA_WARPS, 3, split, 0
 
 
 def _legacy_size(nbytes: int) -> str:
@@ -304,7 +310,7 @@ def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> t
     max_split = MAX_SPLIT
     if qt in KQUANTS:
         nb = k // (128 if qt == QT.Q4_K else 256)
-        if qt in INT8 and (nbytes >= INT8_MIN_BYTES or role in INT8_NORM_ROLES):
+        if qt in INT8 and (nbytes >= (INT8_MIN_BYTES_MMA if mma else INT8_MIN_BYTES) or role in INT8_NORM_ROLES):
             if mma:
                 return mma_config(qt, n)
             tile = "int8"

@@ -135,6 +135,29 @@ def test_splitkv_replays_in_a_cuda_graph_with_a_new_n_valid():
         assert rel(out, oracle(q, k, v, n)) < TOL
 
 
+def test_splitkv_writes_its_output_quantized_too():
+    """``form=True``: pass 2 also writes the output in ``quant_x.FORM``: the digits and block scales
+    ``quantize_x`` gives that output (its 16-value sums to float rounding), which carry each value to
+    half a unit of the low digit (``s / 512``, ``s`` the block's scale; 1% for float32 rounding)."""
+    from minfer_mmq_triton.ops.attention import SplitKVAttention
+    from minfer_mmq_triton.ops.quant_x import FORM, quantize_x
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(5)
+    q, k, v = _inputs(14, 2, 64, 300, gen, dev)
+    for nv in (1, 129, 300):
+        act = SplitKVAttention(form=True)(q, k, v, torch.tensor(nv, dtype=torch.int32, device=dev))
+        out = act.f32
+        assert rel(out, oracle(q, k, v, nv)) < TOL
+        xh, xl, xs, x16 = act.forms[FORM]
+        want = quantize_x(out.view(1, -1))
+        assert all(torch.equal(a, b) for a, b in zip((xh, xl, xs), want[:3]))
+        torch.testing.assert_close(x16, want[3], rtol=1e-6, atol=1e-6)
+        digits = xh.view(torch.int8).float() + xl.view(torch.int8).float() / 256
+        back = (xs.repeat_interleave(32, dim=1) * digits).view(-1)
+        assert ((back - out).abs().view(-1, 32).max(dim=1).values <= xs.view(-1) / 512 * 1.01).all()
+
+
 @pytest.mark.parametrize("block_s,warps", [(32, 4), (128, 8)])
 def test_splitkv_other_tiles(block_s, warps):
     """The split kernel at other positions a step and warps (``DECODE_TILE`` candidates) against the oracle."""

@@ -152,3 +152,31 @@ def test_q6k_mma_gemv_matches_gguf(n, k, split, bias):
             assert err < TOL_I8, f"{n}x{k} split {split} M={m} {(t, s, warps)}: {err:.2e}"
         if split > 1:
             assert int(scratch.get(3, "cuda")[1].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_mma_gemv_reads_the_attention_output_form(qtype):
+    """The tensor-core GEMV of the 7B's o projection, handed the decode attention's output with its
+    ``quant_x.FORM`` (``fn(x, forms=...)``), skips quantizing x and gives what it gives from x alone
+    (the same digits; the 16-value sums to float rounding), within TOL_I8 of gguf's weights."""
+    from minfer_core.dequant import dequantize
+    from minfer_mmq_triton import decode, tiles
+    from minfer_mmq_triton.ops.attention import SplitKVAttention
+    from minfer_mmq_triton.ops.quant_x import FORM
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    n = k = 3584
+    w = make_weight(qtype, n, k, gen, device="cuda")
+    config = tiles.decode_config(qtype, n, k, "o", mma=True)
+    assert config[3] == 3, config
+    fn = decode.make_gemv(qtype, decode.prepare(w), None, n, k, config, pdl=True)
+    assert FORM in fn.reads
+    q = torch.randn(28, 128, generator=gen, device="cuda")
+    kv = torch.randn(2, 512, 4, 128, generator=gen, device="cuda").half()
+    act = SplitKVAttention(form=True, pdl=True)(q, kv[0], kv[1], torch.tensor(400, dtype=torch.int32, device="cuda"))
+    x = act.f32.view(1, -1)
+    res = torch.randn(1, n, generator=gen, device="cuda")
+    y_form = fn(x, residual=res, forms=act.forms)
+    y = fn(x, residual=res)
+    torch.testing.assert_close(y_form, y, rtol=1e-5, atol=1e-5 * y.abs().max().item())
+    assert check(y_form - res, x, dequantize(w.raw, qtype, k).double(), None) < TOL_I8

@@ -3,7 +3,10 @@
 ``attention_candidates("decode", ctx)`` offers ``fn(q, k_cache, v_cache, n_valid) -> out``:
 ``q`` ``(H, D)`` (any float dtype), caches ``(max_ctx, Hkv, D)`` float16 of one layer, ``n_valid``
 a 0-d int32 device tensor, ``out`` ``(H * D,)`` float32. ``n_valid`` is read only inside the
-kernels, and both grids depend only on shapes, so the call can be captured in a CUDA graph.
+kernels, and both grids depend only on shapes, so the call can be captured in a CUDA graph. Where
+the int8 GEMVs run on tensor cores (``decode.mma_enabled``) ``out`` comes as an ``Activation``
+whose ``forms`` hold it quantized too (``quant_x.FORM``, written by pass 2): the o projection's
+GEMV reads that instead of launching the quantizer.
 
 Pass 1, grid ``(Hkv, NSPLIT)``: program ``(g, s)`` takes the ``H / Hkv`` query heads sharing KV
 head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positions. The share is
@@ -31,9 +34,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from minfer_core.weights import Candidate
+from minfer_core.weights import Activation, Candidate
 
 from ..launch.pdl import enabled as pdl_enabled, enter, launch_args
+from .quant_x import FORM, as_words, form_buffers, store_blocks
 
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.splitkv"
@@ -86,12 +90,14 @@ def _attn_split_kernel(
 
 
 @triton.jit
-def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
+def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
                         H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
-                        BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr):
+                        BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr, FORM: tl.constexpr = False):
     """Row ``r`` (sequence ``r // H``'s head ``r % H``), dims ``c*DC ..``: weigh the splits that hold
     valid positions of that sequence (``nv_ptr[r // H]``), CH at a time, and normalize. Shared by the
-    single-sequence and the paged kernels, whose pass 1 lays out the partials the same way."""
+    single-sequence and the paged kernels, whose pass 1 lays out the partials the same way.
+    FORM (DC = 32): also write the slice as one block of ``quant_x.FORM`` (``xh_ptr`` ..), numbered
+    over the whole output as ``out`` is (block ``(r D + c DC) / 32``)."""
     enter(PDL)
     r = tl.program_id(0)
     dd = tl.program_id(1) * DC + tl.arange(0, DC)
@@ -111,7 +117,11 @@ def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr,
         o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
         num += tl.sum(w[:, None] * o, axis=0)
         den += w * l
-    tl.store(out_ptr + r * D + dd, num / tl.sum(den, axis=0), mask=dd < D)
+    res = num / tl.sum(den, axis=0)
+    tl.store(out_ptr + r * D + dd, res, mask=dd < D)
+    if FORM:
+        b = (r * D + tl.program_id(1) * DC) // 32 + tl.arange(0, 1)
+        store_blocks(tl.reshape(res, [1, 2, 16]), b, b >= 0, 0, 0, xh_ptr, xl_ptr, xs_ptr, x16_ptr)
 
 
 def n_splits(n_kv: int, device: torch.device) -> int:
@@ -132,12 +142,14 @@ DECODE_TILE = (64, 4)
 
 class SplitKVAttention:
     """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
-    ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``)."""
+    ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``). ``form``:
+    return an :class:`~minfer_core.weights.Activation` whose ``forms`` also hold the output in
+    ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch)."""
 
     def __init__(self, block_s: int | None = None, num_warps: int | None = None, pdl: bool = False,
-                 nsplit: int | None = None, dc: int = 32, ch: int = 16):
+                 nsplit: int | None = None, dc: int = 32, ch: int = 16, form: bool = False):
         self.block_s, self.num_warps = block_s or DECODE_TILE[0], num_warps or DECODE_TILE[1]
-        self.pdl = pdl
+        self.pdl, self.form = pdl, form
         self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
@@ -152,7 +164,7 @@ class SplitKVAttention:
         return buf
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 n_valid: torch.Tensor) -> torch.Tensor:
+                 n_valid: torch.Tensor):
         h, d = q.shape
         n_kv = k_cache.shape[1]
         rep = h // n_kv
@@ -164,6 +176,8 @@ class SplitKVAttention:
         dc = min(self.dc, dp)
         o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
+        form = self.form and dc == 32 and d % 32 == 0
+        xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
         _attn_split_kernel[(n_kv, nsplit)](
             q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -171,10 +185,10 @@ class SplitKVAttention:
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
             BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
-        attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, H=h, D=d, DP=dp, DC=dc,
+        attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, *xq, H=h, D=d, DP=dp, DC=dc,
                                            NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
-                                           num_warps=4, **launch_args(self.pdl))
-        return out
+                                           num_warps=4, FORM=form, **launch_args(self.pdl))
+        return Activation(out, forms={FORM: as_words(*xq)}) if form else out
 
 
 def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -201,7 +215,9 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
     (:mod:`.paged_attention`); paged prefill, its prompt rows: :mod:`.paged_prefill`. Prefill (GPU
     only): torch's flash SDPA in f16."""
     if phase == "decode":
-        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx)))]
+        from ..decode import mma_enabled  # the GEMVs that read the output's int8 form
+
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)))]
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
 

@@ -135,7 +135,7 @@ class PagedDecodeAttention:
             PAGE=page, BLOCK_S=self.block_s, NSPLIT=self.nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
         attn_combine_kernel[(bsz * h, dp // dc)](
-            o_part, m_part, l_part, lens, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
+            o_part, m_part, l_part, lens, out, out, out, out, out, H=h, D=d, DP=dp, DC=dc, NSPLIT=self.nsplit,
             BLOCK_S=self.block_s, CH=min(self.nsplit, self.ch), num_warps=self.combine_warps,
             **launch_args(self.pdl),
         )

@@ -25,6 +25,9 @@ import triton.language as tl
 from ..launch.pdl import enter, launch_args
 
 QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
+#: The name of this layout (:func:`quantize_x` without ``rows``) among an activation's ``forms``: the
+#: decode attention writes its output in it too (``ops.attention``), for the GEMVs that read it.
+FORM = "mmq.q8x2"
 
 
 @triton.jit
@@ -39,6 +42,32 @@ def dp4a(a, b, USE_ASM: tl.constexpr):
         r += ((a >> 16) & 0xFF) * ((b << 8) >> 24)
         r += ((a >> 24) & 0xFF) * (b >> 24)
         return r
+
+
+@triton.jit
+def two_digits(x, amax):
+    """x [B, 2, 16] float32 (B blocks of 32 values), amax [B] the scale's max |x| -> the digits h, l
+    (float32 holding integers in int8 range): ``x = amax / 127 (h + l / 256)`` to about 2^-16 of amax."""
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    t = x * inv[:, None, None]
+    h = tl.floor(t + 0.5)
+    lo = tl.floor((t - h) * 256.0 + 0.5)  # t - h in [-0.5, 0.5): lo in [-128, 128]
+    carry = lo > 127.5  # 128 -> h + 1, -128 (|t| <= 127, so h stays within int8)
+    return tl.where(carry, h + 1.0, h), tl.where(carry, lo - 256.0, lo)
+
+
+@triton.jit
+def store_blocks(x, b, bmask, m, K, xh_ptr, xl_ptr, xs_ptr, x16_ptr):
+    """Quantize and store blocks ``b`` [B] of row ``m`` (values x [B, 2, 16], masked by ``bmask``) in
+    the GEMVs' layout (:func:`quantize_x` without ``rows``)."""
+    amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
+    h, lo = two_digits(x, amax)
+    off = (b * 32)[:, None, None] + (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
+    tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
+    tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
+    tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
+    s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
+    tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
 
 
 @triton.jit
@@ -69,19 +98,11 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
     if PRO == 2:
         u = tl.load(row + K + off, mask=bmask[:, None, None], other=0.0)
         x = x * tl.sigmoid(x) * u
-    amax = tl.max(tl.max(tl.abs(x), axis=2), axis=1)
     if ROWS:  # one scale per 256 values: the largest of its eight 32-value blocks
-        a256 = tl.max(tl.reshape(amax, [QB // 8, 8]), axis=1)
-        amax = tl.reshape(tl.broadcast_to(a256[:, None], [QB // 8, 8]), [QB])
-    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-    t = x * inv[:, None, None]
-    h = tl.floor(t + 0.5)
-    lo = tl.floor((t - h) * 256.0 + 0.5)  # t - h in [-0.5, 0.5): lo in [-128, 128]
-    carry = lo > 127.5  # 128 -> h + 1, -128 (|t| <= 127, so h stays within int8)
-    h = tl.where(carry, h + 1.0, h)
-    lo = tl.where(carry, lo - 256.0, lo)
-    if ROWS:  # xh_ptr: (M, K / 8, 16) bytes, h of the 8 values then their l; xs_ptr: (K / 256, MP);
+        # xh_ptr: (M, K / 8, 16) bytes, h of the 8 values then their l; xs_ptr: (K / 256, MP);
         # x16_ptr: (K / 32, MP) int32 sums of 256 h + l
+        a256 = tl.max(tl.reshape(tl.max(tl.max(tl.abs(x), axis=2), axis=1), [QB // 8, 8]), axis=1)
+        h, lo = two_digits(x, tl.reshape(tl.broadcast_to(a256[:, None], [QB // 8, 8]), [QB]))
         v = (tl.arange(0, 2) * 16)[None, :, None] + tl.arange(0, 16)[None, None, :]
         at = m * (2 * K) + (b * 64)[:, None, None] + (v // 8) * 16 + v % 8
         tl.store(xh_ptr + at, h.to(tl.int8), mask=bmask[:, None, None])
@@ -91,11 +112,7 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
         isum = tl.sum(tl.sum(h * 256.0 + lo, axis=2), axis=1)  # |isum| <= 32 * 32767: exact in float32
         tl.store(x16_ptr + b * MP + m, isum.to(tl.int32), mask=bmask)
     else:
-        tl.store(xh_ptr + m * K + off, h.to(tl.int8), mask=bmask[:, None, None])
-        tl.store(xl_ptr + m * K + off, lo.to(tl.int8), mask=bmask[:, None, None])
-        tl.store(xs_ptr + m * (K // 32) + b, amax / 127.0, mask=bmask)
-        s16 = (b * 2)[:, None] + tl.arange(0, 2)[None, :]
-        tl.store(x16_ptr + m * (K // 16) + s16, tl.sum(x, axis=2), mask=bmask[:, None])
+        store_blocks(x, b, bmask, m, K, xh_ptr, xl_ptr, xs_ptr, x16_ptr)
 
 
 def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
@@ -118,10 +135,7 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
         xs = torch.empty(k // 256, mp, dtype=torch.float32, device=x.device)
         x16 = torch.empty(k // 32, mp, dtype=torch.int32, device=x.device)
     else:
-        xh = torch.empty(m, k, dtype=torch.int8, device=x.device)
-        xl = torch.empty(m, k, dtype=torch.int8, device=x.device)
-        xs = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
-        x16 = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
+        xh, xl, xs, x16 = form_buffers(m, k, x.device)
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
     _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), mp,
@@ -129,4 +143,18 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
                                                             num_warps=4, **launch_args(pdl))
     if rows:
         return xh.view(torch.int32), xs, x16
+    return as_words(xh, xl, xs, x16)
+
+
+def form_buffers(m: int, k: int, device) -> tuple[torch.Tensor, ...]:
+    """Empty ``(xh, xl, xs, x16)`` of :data:`FORM` for ``m`` rows of ``k`` values (int8, int8,
+    float32 block scales, float32 16-value sums)."""
+    return (torch.empty(m, k, dtype=torch.int8, device=device), torch.empty(m, k, dtype=torch.int8, device=device),
+            torch.empty(m, k // 32, dtype=torch.float32, device=device),
+            torch.empty(m, k // 16, dtype=torch.float32, device=device))
+
+
+def as_words(xh: torch.Tensor, xl: torch.Tensor, xs: torch.Tensor, x16: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:data:`FORM`'s buffers as the GEMVs take them (the digits as int32 words, what
+    :func:`quantize_x` returns)."""
     return xh.view(torch.int32), xl.view(torch.int32), xs, x16

@@ -174,16 +174,17 @@ def _gemv_q4p_mma_kernel(
 
 def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False, lookahead: bool = False) -> torch.Tensor:
+                 pdl: bool = False, lookahead: bool = False, xq: tuple | None = None) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (the contract of ``q4_k.gemv.gemv_q4p`` with
-    ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``."""
+    ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``xq``: x already in
+    ``quant_x.FORM`` (as ``quantize_x`` returns it; no norm or SwiGLU then)."""
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
-    xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
+    xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl) if xq is None else xq
     qw32, sc32, dm32 = plane.words()
     extra = {"launch_pdl": True} if pdl else {}
     _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](

@@ -160,15 +160,16 @@ def _gemv_q6k_mma_kernel(
 
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False) -> torch.Tensor:
+                 pdl: bool = False, xq: tuple | None = None) -> torch.Tensor:
     """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
-    ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step."""
+    ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step;
+    ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then)."""
     n, nb = data.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
-    xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl)
+    xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl) if xq is None else xq
     extra = {"launch_pdl": True} if pdl else {}
     _gemv_q6k_mma_kernel[(scratch.n_blocks, split, m)](
         xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
