@@ -147,7 +147,7 @@ class SplitKVAttention:
     ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch)."""
 
     def __init__(self, block_s: int | None = None, num_warps: int | None = None, pdl: bool = False,
-                 nsplit: int | None = None, dc: int = 32, ch: int = 16, form: bool = False):
+                 nsplit: int | None = None, dc: int = 32, ch: int = 32, form: bool = False):
         self.block_s, self.num_warps = block_s or DECODE_TILE[0], num_warps or DECODE_TILE[1]
         self.pdl, self.form = pdl, form
         self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
