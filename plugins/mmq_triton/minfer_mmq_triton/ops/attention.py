@@ -26,7 +26,6 @@ float16 cache itself.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -36,6 +35,7 @@ import triton.language as tl
 
 from minfer_core.weights import Activation, Candidate
 
+from ..launch.device import sm_count
 from ..launch.pdl import enabled as pdl_enabled, enter, launch_args
 from .quant_x import FORM, as_words, form_buffers, store_blocks
 
@@ -127,12 +127,8 @@ def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs
 def n_splits(n_kv: int, device: torch.device) -> int:
     """Splits per KV head: the largest power of two that keeps the grid within one program per
     multiprocessor (fewer, longer splits make the combine cheaper; measured best at depth)."""
-    return max(1, min(1 << ((_sm_count(device) // n_kv).bit_length() - 1), 256)) if _sm_count(device) >= n_kv else 1
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = sm_count(device)
+    return max(1, min(1 << ((sms // n_kv).bit_length() - 1), 256)) if sms >= n_kv else 1
 
 
 #: ``(BLOCK_S, num_warps)`` of the split kernel where the caller gives none: positions a loop step

@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import tiles
+from ..launch.device import sm_count
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
 from .gemm_wgmma import _q4k_scales, _q6k_ptx, _store, outputs, plane_words, stage
@@ -83,6 +84,12 @@ def _q4k_crossed_ptx() -> str:
 
 
 _Q4K_CROSSED = gl.constexpr(_q4k_crossed_ptx())
+
+
+@gluon.jit
+def _n_tiles(M, N, NA: gl.constexpr, R: gl.constexpr, SPLIT: gl.constexpr):
+    """Tiles of a call: activation tiles x weight tiles x splits."""
+    return gl.cdiv(M, NA) * gl.cdiv(N, R) * SPLIT
 
 
 @gluon.jit
@@ -156,8 +163,7 @@ def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_p
     wb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, DL))))[None, None, None, :]
 
     c = 0  # half spans handed to the ring so far
-    tiles = gl.cdiv(M, NA) * gl.cdiv(N, R) * SPLIT
-    for i in range(gl.program_id(0), tiles, gl.num_programs(0)):
+    for i in range(gl.program_id(0), _n_tiles(M, N, NA, R, SPLIT), gl.num_programs(0)):
         a0, w0, part, first, last = _tile(i, M, N, K, NA, R, SPLIT)
         rb = w0 + rows
         top = gl.maximum(last - 1, 0)
@@ -193,8 +199,7 @@ def _mma_partition(w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N,
     S: gl.constexpr = w_smem.shape[0]
     NA: gl.constexpr = x_smem.shape[1]
     c = 0  # half spans taken from the ring so far
-    tiles = gl.cdiv(M, NA) * gl.cdiv(N, R) * SPLIT
-    for i in range(gl.program_id(0), tiles, gl.num_programs(0)):
+    for i in range(gl.program_id(0), _n_tiles(M, N, NA, R, SPLIT), gl.num_programs(0)):
         a0, w0, part, first, last = _tile(i, M, N, K, NA, R, SPLIT)
         acc = gl.zeros([R, NA], gl.float32, layout=MMA)
         halves = 2 * (last - first)
@@ -271,9 +276,8 @@ def gemm_wgmma_ws(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int 
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=2 if wtype == 0 else 0)  # _decode_words' K order
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor.from_tensor(x, [na, 64], layout)
-    tiles = triton.cdiv(m, na) * triton.cdiv(n, 64 * wg) * split
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    _gemm_ws_kernel[(min(tiles, sms),)](
+    n_tiles = triton.cdiv(m, na) * triton.cdiv(n, 64 * wg) * split
+    _gemm_ws_kernel[(min(n_tiles, sm_count(a.device)),)](
         x_desc, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), DL=_decode_layout(64 * wg, p), WG=wg,
         STAGES=stages, P=p, REGS=regs, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None and split == 1, num_warps=4 * wg, maxnreg=max_regs(wg, p), **launch_args(pdl))
