@@ -79,7 +79,9 @@ def minfer_matmul_candidates(weight, phase, ctx):
     (possibly empty) or ``None`` for "nothing to offer". The core ranks every plugin's candidates
     by the policy's ordering for that phase and keeps the first; the reference backend is always
     the last resort. A candidate whose ``reads`` contains ``"plane"`` consumes the activation
-    plane (prefill only); the fuse mode 2 is kept only when every chosen prefill kernel does.
+    plane (prefill only); the fuse mode 2 is kept only when every chosen prefill kernel does. A
+    candidate whose ``fuses`` holds ``"residual"`` adds the block's residual itself
+    (``fn(x, residual=r)``); the core adds it otherwise.
     """
 
 

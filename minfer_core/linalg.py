@@ -35,21 +35,41 @@ def writes_out(device_type: str) -> bool:
         return False
 
 
+@lru_cache(maxsize=None)
+def adds_in_gemm(device_type: str) -> bool:
+    """Whether ``torch.addmm(c, ..., out_dtype=float32)`` runs here for a float32 ``c`` of the
+    output's shape or a bias row: cuBLAS then adds it in the GEMM's epilogue (no second pass)."""
+    if not has_out_dtype(device_type):
+        return False
+    try:
+        a = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+        full = torch.addmm(torch.ones(16, 16, device="cuda"), a, a, out_dtype=torch.float32)
+        row = torch.addmm(torch.ones(16, device="cuda"), a, a, out_dtype=torch.float32)
+        return full.dtype == row.dtype == torch.float32 and bool((full == 17).all() and (row == 17).all())
+    except (TypeError, RuntimeError):
+        return False
+
+
 def probe(device) -> None:
     """Settle which GEMM entry point :func:`mm_f32` uses on ``device`` (call at load time)."""
     writes_out(torch.device(device).type)
+    adds_in_gemm(torch.device(device).type)
 
 
 def mm_f32(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``a`` bf16 ``(M, K)`` @ ``w`` bf16 ``(N, K)``.T (+ bias) -> float32 ``(M, N)``, into ``out``
-    when given (written by the GEMM itself where it is contiguous and :func:`writes_out`).
+           out: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``[residual +] a`` bf16 ``(M, K)`` @ ``w`` bf16 ``(N, K)``.T (+ bias) -> float32 ``(M, N)``, into
+    ``out`` when given (written by the GEMM itself where it is contiguous and :func:`writes_out`).
 
-    On CUDA one cuBLAS GEMM writes float32 directly (torch >= 2.8); on the CPU (interpreter tests)
-    the bf16 operands are multiplied in float32, the same product up to summation order.
+    On CUDA one cuBLAS GEMM writes float32 directly (torch >= 2.8), adding the bias or the float32
+    ``residual`` ``(M, N)`` in its epilogue where :func:`adds_in_gemm`; on the CPU (interpreter
+    tests) the bf16 operands are multiplied in float32, the same product up to summation order.
     """
     dev = a.device.type
     into = {"out": out} if out is not None and out.is_contiguous() and writes_out(dev) else {}
+    c = residual if bias is None else bias if residual is None else None
+    if c is not None and not into and adds_in_gemm(dev):
+        return torch.addmm(c, a, w.t(), out_dtype=torch.float32)
     if has_out_dtype(dev):
         y = torch.mm(a, w.t(), out_dtype=torch.float32, **into)
     elif a.is_cuda:  # older torch: bf16 result, widened (one extra pass over the output)
@@ -58,6 +78,8 @@ def mm_f32(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None
         y = torch.mm(a.float(), w.float().t(), **into)
     if bias is not None:
         y += bias
+    if residual is not None:
+        y += residual
     if out is not None and y is not out:
         out.copy_(y)
         return out

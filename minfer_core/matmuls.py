@@ -59,6 +59,8 @@ class PromptMatmuls(Matmuls):
             a = rt.swiglu(x)
         else:
             a = rt.produce(x) if x.shape[0] >= PREFILL_ROWS else x
+        if len(names) == 1:
+            return [rt.linear(names[0], a, residual)]
         return _add([rt.linear(n, a) for n in names], residual)
 
 

@@ -74,14 +74,19 @@ class Runtime:
         self.counts[kernel.label] += 1
         return kernel.fn(*args, **kw)
 
-    def linear(self, name: str, x) -> torch.Tensor:
-        """x: Activation (prefill) or f32 tensor (M, K) -> f32 (M, N)."""
+    def linear(self, name: str, x, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: Activation (prefill) or f32 tensor (M, K) -> f32 (M, N), ``residual +`` it when
+        given (inside a prefill kernel whose candidate ``fuses`` it)."""
         rows = x.rows if isinstance(x, Activation) else x.shape[0]
         if rows >= PREFILL_ROWS:
             act = x if isinstance(x, Activation) else self.produce(x)
-            return self._run(self.plan.prefill[name], act)
-        f32 = x.f32 if isinstance(x, Activation) else x
-        return self._run(self.plan.decode[name], f32)
+            c = self.plan.prefill[name]
+            if residual is not None and "residual" in c.fuses:
+                return self._run(c, act, residual=residual)
+            y = self._run(c, act)
+        else:
+            y = self._run(self.plan.decode[name], x.f32 if isinstance(x, Activation) else x)
+        return y if residual is None else residual + y
 
     def tiled_linear(self, name: str, act: Activation, tile: int) -> torch.Tensor:
         """The prefill kernel of ``name`` over fixed tiles of ``tile`` rows of ``act`` (whole tiles,

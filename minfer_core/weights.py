@@ -76,10 +76,11 @@ class Candidate:
     recorded each time the kernel runs (e.g. ``example.q8_0``). ``fn``: the callable; for matmuls
     ``fn(act: Activation | Tensor) -> Tensor``, for producers see the core's producer contract.
     ``gate``: the gate this candidate depends on, if any (for ``minfer gates``).
-    ``fuses`` (decode matmuls): what ``fn`` also does when asked through keywords, so the step
-    needs fewer launches: ``"residual"``: ``fn(x, residual=r)`` returns ``r + x @ W.T (+ b)``;
-    ``"rmsnorm"``: ``fn(h, norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight;
-    ``"swiglu"``: ``fn(gu, swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``.
+    ``fuses``: what ``fn`` also does when asked through keywords, so the step needs fewer
+    launches: ``"residual"``: ``fn(x, residual=r)`` returns ``r + x @ W.T (+ b)`` (decode and
+    prefill matmuls; ``r`` float32 ``(M, N)``, contiguous); (decode matmuls) ``"rmsnorm"``: ``fn(h,
+    norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight; ``"swiglu"``: ``fn(gu,
+    swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``.
     The core does whatever a candidate does not fuse itself.
     ``reads`` (prefill matmuls): the layouts of the activation ``fn`` reads (``"f32"``, ``"plane"``);
     (decode matmuls): the names of :attr:`Activation.forms` that ``fn(x, forms={name: data})`` can

@@ -131,3 +131,34 @@ def test_decode_attention_forms_reach_only_the_matmuls_that_read_them(smollm):
     assert torch.equal(got, plain)
     q_dim = model.cfg.n_heads * model.cfg.head_dim
     assert seen == [(torch.Tensor, {"test.form": ("marker", q_dim)})]  # layer 0's o; the others got f32 alone
+
+
+def test_a_prefill_matmul_that_fuses_the_residual_is_handed_it(smollm):
+    """A prefill candidate whose ``fuses`` holds ``"residual"`` gets the block's residual
+    (``fn(act, residual=r)``) and returns ``r + x @ W.T`` itself; one without it never sees the
+    keyword (the core adds). The prompt's logits stay those of the plain pass."""
+    model = smollm.model
+    rt = model.rt
+    ids = torch.tensor(smollm.tok.encode("one two three four five six seven eight nine ten " * 3,
+                                         add_special=True))
+    assert ids.shape[0] >= 16  # prefill kernels
+    plain = model.prompt(ids, 0)
+    o_name, down_name = "blk.0.attn_output", "blk.0.ffn_down"
+    o, down, seen = rt.plan.prefill[o_name], rt.plan.prefill[down_name], []
+
+    def o_fn(act, residual=None):
+        seen.append(("o", None if residual is None else tuple(residual.shape)))
+        return residual + o.fn(act)
+
+    def down_fn(act, **kw):
+        seen.append(("down", sorted(kw)))
+        return down.fn(act)
+
+    rt.plan.prefill[o_name] = dataclasses.replace(o, fn=o_fn, fuses=("residual",))
+    rt.plan.prefill[down_name] = dataclasses.replace(down, fn=down_fn, fuses=())
+    try:
+        got = model.prompt(ids, 0)
+    finally:
+        rt.plan.prefill[o_name], rt.plan.prefill[down_name] = o, down
+    assert torch.equal(got, plain)
+    assert seen == [("o", (ids.shape[0], model.cfg.n_embd)), ("down", [])]

@@ -113,6 +113,8 @@ def fuse_proposal(weights: list[Weight], readers, ctx: LoadContext) -> tuple[int
         return 1, f"mode 2 degraded to 1: {', '.join(readers)} reads the f32 activations"
     return 2, ""
 _BUILDER_GATE = {QT.Q4_K: "MINFER_MMQ_Q4K_DSC", QT.Q6_K: "MINFER_MMQ_Q6K_EXP"}
+#: What every prefill candidate here adds itself (``fn(act, residual=r)``; see ``Candidate.fuses``).
+FUSES = ("residual",)
 
 
 def gate_on(ctx: LoadContext, name: str) -> bool:
@@ -170,7 +172,7 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
     qt = QT(weight.qtype)
     name = qt.name.lower()
     if r == "w16":
-        return [Candidate(PLUGIN, f"mmq.raw_off.{name}", _w16_fn(weight), "MINFER_MMQ_RAW",
+        return [Candidate(PLUGIN, f"mmq.raw_off.{name}", _w16_fn(weight), "MINFER_MMQ_RAW", fuses=FUSES,
                           reads_raw=planes.KEY_W16 not in weight.planes)]
     if r == "nb":
         gate = "MINFER_MMQ_Q6K_NB" if qt == QT.Q6_K else "MINFER_MMQ_RAW_NB"
@@ -179,9 +181,9 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
         # with its plane built, up to 64 rows run the warpgroup-MMA or the fused GEMM, which expand nothing
         fn, tiled = _plane_fn(weight, pdl_enabled(ctx), wgmma_enabled(ctx))
-        return [Candidate(PLUGIN, label, fn, gate, reads, reads_raw=not built, small_tiles=built, tiled=tiled)]
+        return [Candidate(PLUGIN, label, fn, gate, reads, FUSES, reads_raw=not built, small_tiles=built, tiled=tiled)]
     fn, tiled = _raw_fn(weight)
-    return [Candidate(PLUGIN, f"mmq.generic.{name}", fn, "MINFER_MMQ", ("f32",), tiled=tiled)]
+    return [Candidate(PLUGIN, f"mmq.generic.{name}", fn, "MINFER_MMQ", ("f32",), FUSES, tiled=tiled)]
 
 
 def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]]:
@@ -213,8 +215,8 @@ def _w16_fn(weight: Weight):
 
     from .launch.scratch import bf16_rows
 
-    def fn(act: Activation):
-        return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias)
+    def fn(act: Activation, residual=None):
+        return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias, residual=residual)
     return fn
 
 
@@ -245,26 +247,30 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
             return raw_fill
         return lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1)
 
-    def tiled(act: Activation, tile: Optional[int] = None):
-        return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile)
+    def tiled(act: Activation, tile: Optional[int] = None, residual=None):
+        return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile, residual)
 
     wgmma = wgmma and qt in (QT.Q4_K, QT.Q6_K)
     split = tiles.wgmma_split(n, k)
 
-    def fn(act: Activation):
+    def fn(act: Activation, residual=None):
         plane = weight.planes.get(key)
         if plane is not None and wgmma and act.rows <= tiles.WGMMA_MAX_ROWS:
             from .prefill.gemm_wgmma import gemm_wgmma
-            return gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl)
+            return gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
+                              residual=residual)
         if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
-            return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k), pdl=pdl)
+            return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k), pdl=pdl,
+                                    residual=residual)
         if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
-            return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl)
+            return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,
+                                 residual=residual)
         if plane is not None and tiles.use_fused(act.rows, n, k):
-            return gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
-        return tiled(act)
+            y = gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
+            return y if residual is None else residual + y
+        return tiled(act, residual=residual)
     return fn, tiled
 
 
@@ -272,6 +278,6 @@ def _raw_fn(weight: Weight):
     from .launch.scratch import bf16_rows, jit_matmul
     fill = _raw_fill(weight)
 
-    def tiled(act: Activation, tile: Optional[int] = None):
-        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill, tile)
+    def tiled(act: Activation, tile: Optional[int] = None, residual=None):
+        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill, tile, residual)
     return tiled, tiled

@@ -178,15 +178,17 @@ def test_rope_kv_write_replays_in_a_cuda_graph_at_a_new_pos():
 
 
 @pytest.mark.parametrize("neox", [True, False])
-def test_prefill_rope_kv_rows_match_the_reference(neox):
+@pytest.mark.parametrize("t", [5, 37])
+def test_prefill_rope_kv_rows_match_the_reference(neox, t):
     """The prefill's fused RoPE + KV write against the reference backend's torch version, on rows
-    that are strided views of a fused qkv output, written at a non-zero start."""
+    that are strided views of a fused qkv output, written at a non-zero start; fewer rows than one
+    program's block, and several blocks with a partial last one."""
     from minfer_core.reference import rope_kv_rows as ref_rows
     from minfer_mmq_triton.ops.rope import rope_kv_rows
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(4)
-    t, h, hkv, d, start, n_ctx = 5, 4, 2, 16, 3, 12
+    h, hkv, d, start, n_ctx = 4, 2, 16, 3, t + 7
     qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dev)
     q, k, v = (x.view(t, -1, d) for x in qkv.split([h * d, hkv * d, hkv * d], dim=-1))
     ang = torch.rand(t, d // 2, generator=g) * 6

@@ -73,6 +73,24 @@ def test_prefill_candidate_small(qt, m, make_ctx):
     _check(c.fn(Activation(None, x.to(torch.bfloat16))), x, w, n)  # fuse mode 2: plane only
 
 
+@pytest.mark.parametrize("qt", SERVED)
+@pytest.mark.parametrize("m", [17, 130])
+def test_prefill_candidate_adds_the_residual(qt, m, make_ctx):
+    """Every prefill candidate says it fuses the residual and returns ``r + x @ W.T`` for a given
+    float32 ``r``, within the oracle's tolerance of the product alone once ``r`` is taken away."""
+    from minfer_core.weights import Activation
+
+    n, k = 40, 512 if qt in KQ else 288
+    w = _weight(qt, n, k, seed=m + 1)
+    c = _candidate(w, make_ctx())
+    assert "residual" in c.fuses
+    x = torch.randn(m, k, device=DEV)
+    r = torch.randn(m, n, device=DEV) * 4
+    y = c.fn(Activation(x, x.to(torch.bfloat16)), residual=r)
+    assert y.shape == (m, n) and not torch.equal(y, r)
+    _check(y - r, x, w, n)
+
+
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])
 @pytest.mark.parametrize("m", [16, 17, 100])  # the fused GEMM's 16-, 32- and 128-row tiles
 def test_plane_family_both_designs(qt, m, monkeypatch, make_ctx):
@@ -167,6 +185,10 @@ def test_jit_matmul_row_chunks(monkeypatch):
     y = scratch.jit_matmul(x.to(torch.bfloat16), n, k, w.bias,
                            lambda o, r0, r1: dequant_raw(w.raw, w.qtype, k, o, r0, r1))
     _check(y, x, w, n)
+    r = torch.randn(m, n, device=DEV)
+    y_r = scratch.jit_matmul(x.to(torch.bfloat16), n, k, w.bias,
+                             lambda o, r0, r1: dequant_raw(w.raw, w.qtype, k, o, r0, r1), residual=r)
+    torch.testing.assert_close(y_r, y + r)
 
 
 @pytest.mark.parametrize("chunked", [False, True])

@@ -26,14 +26,17 @@ def bf16_rows(act: Activation) -> torch.Tensor:
 
 
 def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
-               fill: Callable[[torch.Tensor, int, int], torch.Tensor], tile: Optional[int] = None) -> torch.Tensor:
+               fill: Callable[[torch.Tensor, int, int], torch.Tensor], tile: Optional[int] = None,
+               residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Expand the weight with ``fill(scratch, r0, r1)`` (rows ``r0:r1`` as bf16) and multiply;
     ``tile``: one GEMM per ``tile`` rows of ``a`` (a whole number of them) under each expansion,
-    so that a row's bits depend on the tile's shape alone, not on how many rows ``a`` has."""
+    so that a row's bits depend on the tile's shape alone, not on how many rows ``a`` has.
+    ``residual``: float32 ``(M, N)`` added to the product (in cuBLAS's epilogue where it can)."""
     parts = a.split(tile) if tile else (a,)
     step = max(1, SCRATCH_MAX // k)
     if n <= step and len(parts) == 1:
-        return mm_f32(a, fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n), bias)
+        w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
+        return mm_f32(a, w, bias, residual=residual)
     # each GEMM writes its rows (and columns) of y; the bias is added once over all of them
     y = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
     for r0 in range(0, n, step):
@@ -45,4 +48,6 @@ def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
             at += p.shape[0]
     if bias is not None:
         y += bias
+    if residual is not None:
+        y += residual
     return y

@@ -19,58 +19,63 @@ import triton.language as tl
 from ..launch.pdl import enter, launch_args
 
 
+#: Tokens a prefill program rotates (one head each): enough work per program that a prompt of
+#: thousands of rows is not a launch of one tiny program per token and head.
+ROWS_BLOCK = 16
+
+
 @triton.jit
 def _rope_kv_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, qo_ptr,
-    # sizes: heads; the first cache row when rows are counted from a host value (POS_PTR False)
-    n_heads, start,
+    # sizes: tokens, heads; the first cache row when rows are counted from a host value (POS_PTR False)
+    n_tok, n_heads, start,
     # strides: rows of q, k, v, cos/sin (one per token; heads within a row are D apart), caches
     stride_qt, stride_kt, stride_vi, stride_cs, stride_ct, stride_ch, stride_vt, stride_vh,
     # meta
-    D: tl.constexpr, NEOX: tl.constexpr, POS_PTR: tl.constexpr, PDL: tl.constexpr,
+    D: tl.constexpr, NEOX: tl.constexpr, POS_PTR: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Token ``t = program_id(1)``; program ``p < n_heads``: rotate q head ``p`` into qo (T, n_heads, D)
-    float32. Program ``p >= n_heads``: KV head ``h = p - n_heads``; rotate k head ``h`` into
-    ``k_cache[row, h]`` and copy v head ``h`` into ``v_cache[row, h]`` (both float16), where
-    ``row = pos[t]`` (POS_PTR, a device tensor: graph friendly) or ``start + t``.
-    cos/sin rows (D/2,) float32; caches (n_ctx, n_kv, D) float16.
+    """Tokens ``t`` of block ``program_id(1)`` (``BLOCK_T`` of them); program ``p < n_heads``:
+    rotate q head ``p`` into qo (T, n_heads, D) float32. Program ``p >= n_heads``: KV head ``h = p -
+    n_heads``; rotate k head ``h`` into ``k_cache[row, h]`` and copy v head ``h`` into ``v_cache[row,
+    h]`` (both float16), where ``row = pos[t]`` (POS_PTR, a device tensor: graph friendly) or
+    ``start + t``. cos/sin rows (D/2,) float32; caches (n_ctx, n_kv, D) float16.
     """
     enter(PDL)
     p = tl.program_id(0)
-    t = tl.program_id(1)
-    i = tl.arange(0, D // 2)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    tm = t < n_tok
+    i = tl.arange(0, D // 2)[None, :]
     if NEOX:
         ia = i
         ib = i + D // 2
     else:
         ia = 2 * i
         ib = 2 * i + 1
-    c = tl.load(cos_ptr + t * stride_cs + i)
-    s = tl.load(sin_ptr + t * stride_cs + i)
+    c = tl.load(cos_ptr + t * stride_cs + i, mask=tm)
+    s = tl.load(sin_ptr + t * stride_cs + i, mask=tm)
     if p < n_heads:
         qr = q_ptr + t * stride_qt + p * D
-        a = tl.load(qr + ia)
-        b = tl.load(qr + ib)
+        a = tl.load(qr + ia, mask=tm)
+        b = tl.load(qr + ib, mask=tm)
         qo = qo_ptr + (t * n_heads + p) * D
-        tl.store(qo + ia, a * c - b * s)
-        tl.store(qo + ib, a * s + b * c)
+        tl.store(qo + ia, a * c - b * s, mask=tm)
+        tl.store(qo + ib, a * s + b * c, mask=tm)
     else:
         h = p - n_heads
         if POS_PTR:
-            row = tl.load(pos_ptr + t).to(tl.int64)
+            row = tl.load(pos_ptr + t, mask=tm).to(tl.int64)
         else:
             row = (start + t).to(tl.int64)
         krow = kc_ptr + row * stride_ct + h * stride_ch
         kr = k_ptr + t * stride_kt + h * D
-        a = tl.load(kr + ia)
-        b = tl.load(kr + ib)
-        tl.store(krow + ia, (a * c - b * s).to(tl.float16))
-        tl.store(krow + ib, (a * s + b * c).to(tl.float16))
-        d = tl.arange(0, D)
-        v = tl.load(v_ptr + t * stride_vi + h * D + d)
-        tl.store(vc_ptr + row * stride_vt + h * stride_vh + d, v.to(tl.float16))
-
+        a = tl.load(kr + ia, mask=tm)
+        b = tl.load(kr + ib, mask=tm)
+        tl.store(krow + ia, (a * c - b * s).to(tl.float16), mask=tm)
+        tl.store(krow + ib, (a * s + b * c).to(tl.float16), mask=tm)
+        d = tl.arange(0, D)[None, :]
+        v = tl.load(v_ptr + t * stride_vi + h * D + d, mask=tm)
+        tl.store(vc_ptr + row * stride_vt + h * stride_vh + d, v.to(tl.float16), mask=tm)
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
@@ -99,9 +104,9 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     q_out = torch.empty(n_heads, d, dtype=torch.float32, device=q.device)
     _rope_kv_kernel[(n_heads + n_kv, 1)](
         q, k, v, cos, sin, k_cache, v_cache, pos, q_out,
-        n_heads, 0,
+        1, n_heads, 0,
         0, 0, 0, 0, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), POS_PTR=True, num_warps=1 if d <= 64 else 2, **launch_args(pdl),
+        D=d, NEOX=bool(neox), POS_PTR=True, BLOCK_T=1, num_warps=1 if d <= 64 else 2, **launch_args(pdl),
     )
     return q_out
 
@@ -132,12 +137,13 @@ def rope_kv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.T
         raise ValueError("rope_kv_rows: per-token rows must be a (T,) int64 tensor")
     cos, sin = cos.contiguous(), sin.contiguous()
     q_out = torch.empty(t, n_heads, d, dtype=torch.float32, device=q.device)
-    _rope_kv_kernel[(n_heads + n_kv, t)](
+    _rope_kv_kernel[(n_heads + n_kv, triton.cdiv(t, ROWS_BLOCK))](
         q, k, v, cos, sin, k_cache, v_cache, q_out if rows is None else rows.contiguous(), q_out,
-        n_heads, 0 if rows is not None else start,
+        t, n_heads, 0 if rows is not None else start,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        D=d, NEOX=bool(neox), POS_PTR=rows is not None, num_warps=1 if d <= 64 else 2, **launch_args(pdl),
+        D=d, NEOX=bool(neox), POS_PTR=rows is not None, BLOCK_T=ROWS_BLOCK, num_warps=4,
+        **launch_args(pdl),
     )
     return q_out
 
