@@ -188,23 +188,22 @@ class SplitKVAttention:
 
 
 def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-    """Causal GQA prefill attention through torch SDPA in f16 (cuDNN's or the flash kernel on the GPU).
+    """Causal GQA prefill attention through torch SDPA in f16 (its flash kernel on the GPU).
 
-    q (T, H, D) f32, k/v (start+T, Hkv, D) f16 from the cache -> (T, H*D) f32. The cache's K/V
-    heads are read in place (``enable_gqa``: no copy repeating them to H), and the output lands in
-    its rows with one conversion.
+    q (T, H, D) f32, k/v (start+T, Hkv, D) f16 from the cache -> (T, H*D) f32. K/V heads are
+    repeated to H so the flash backend always applies (it costs a copy of this layer's K/V).
     """
     t, h, d = q.shape
+    rep = h // k.shape[1]
     qh = q.to(k.dtype).transpose(0, 1)[None]
-    kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    kh = k.transpose(0, 1).repeat_interleave(rep, 0)[None]
+    vh = v.transpose(0, 1).repeat_interleave(rep, 0)[None]
     if start == 0:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
     else:  # new rows see every cached position and the new ones up to themselves
         mask = torch.arange(start + t, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None] + start
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
-    out = torch.empty(t, h * d, dtype=torch.float32, device=q.device)
-    out.view(t, h, d).copy_(o[0].transpose(0, 1))
-    return out
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    return o[0].transpose(0, 1).reshape(t, h * d).float()
 
 
 def attention_candidates(phase: str, ctx) -> list[Candidate]:
