@@ -112,6 +112,8 @@ def fuse_proposal(weights: list[Weight], readers, ctx: LoadContext) -> tuple[int
     if readers:
         return 1, f"mode 2 degraded to 1: {', '.join(readers)} reads the f32 activations"
     return 2, ""
+
+
 _BUILDER_GATE = {QT.Q4_K: "MINFER_MMQ_Q4K_DSC", QT.Q6_K: "MINFER_MMQ_Q6K_EXP"}
 #: What every prefill candidate here adds itself (``fn(act, residual=r)``; see ``Candidate.fuses``).
 FUSES = ("residual",)
