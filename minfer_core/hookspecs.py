@@ -81,7 +81,8 @@ def minfer_matmul_candidates(weight, phase, ctx):
     the last resort. A candidate whose ``reads`` contains ``"plane"`` consumes the activation
     plane (prefill only); the fuse mode 2 is kept only when every chosen prefill kernel does. A
     candidate whose ``fuses`` holds ``"residual"`` adds the block's residual itself
-    (``fn(x, residual=r)``); the core adds it otherwise.
+    (``fn(x, residual=r)``); the core adds it otherwise. A prefill candidate whose ``fuses`` holds
+    ``"bf16_out"`` may return a product that feeds only the SwiGLU in bf16 (``fn(x, out_bf16=True)``).
     """
 
 
@@ -114,7 +115,8 @@ def minfer_rmsnorm_candidates(ctx):
 @hookspec
 def minfer_swiglu_candidates(ctx):
     """Offer a fused SwiGLU producer for prefill: ``fn(gu) -> Activation`` with ``gu = [gate | up]``
-    of shape ``(M, 2F)``. Consulted and written as :func:`minfer_rmsnorm_candidates` says."""
+    of shape ``(M, 2F)``, float32 or bf16 (a gate|up matmul that fuses ``"bf16_out"``). Consulted
+    and written as :func:`minfer_rmsnorm_candidates` says."""
 
 
 @hookspec

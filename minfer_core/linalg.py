@@ -1,4 +1,4 @@
-"""The one bf16 GEMM with a float32 result that the kernel plugins share (cuBLAS through torch)."""
+"""The bf16 GEMMs the kernel plugins share (cuBLAS through torch): a float32 result, or a bf16 one."""
 
 from __future__ import annotations
 
@@ -84,3 +84,15 @@ def mm_f32(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None
         out.copy_(y)
         return out
     return y
+
+
+def mm_bf16(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``a`` bf16 ``(M, K)`` @ ``w`` bf16 ``(N, K)``.T (+ bias) -> bf16 ``(M, N)``: cuBLAS's bf16 GEMM
+    (float32 sums, the result rounded once; a bias is rounded to bf16 first); on the CPU the
+    operands are multiplied in float32 and the result rounded."""
+    if not a.is_cuda:
+        y = torch.mm(a.float(), w.float().t())
+        return (y if bias is None else y + bias).to(torch.bfloat16)
+    if bias is None:
+        return torch.mm(a, w.t())
+    return torch.addmm(bias.to(torch.bfloat16), a, w.t())

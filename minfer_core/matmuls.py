@@ -2,9 +2,11 @@
 
 Every pass (a prompt, a single-stream decode step, a batched step) runs the same block,
 :meth:`minfer_core.model.Transformer.layer`; what differs is which kernels multiply. A matmuls
-object is called as ``mm(names, x, norm=None, swiglu=False, residual=None, plain_norm=False)`` and
-returns ``[residual +] f(x) @ W.T`` for each named weight, ``f`` the optional RMSNorm ``norm=(w,
-eps)`` (``plain_norm``: the output head's, computed by torch) or SwiGLU of ``x = [g | u]``.
+object is called as ``mm(names, x, norm=None, swiglu=False, residual=None, plain_norm=False,
+bf16_out=False)`` and returns ``[residual +] f(x) @ W.T`` for each named weight, ``f`` the optional
+RMSNorm ``norm=(w, eps)`` (``plain_norm``: the output head's, computed by torch) or SwiGLU of ``x =
+[g | u]``; ``bf16_out``: the products feed only the SwiGLU, so a prompt's kernels may return them
+in bf16 (the other passes return float32).
 
 - :class:`PromptMatmuls`: all rows at once, on the prefill kernels from ``PREFILL_ROWS`` rows (their
   activation producers fused), the decode kernels below. The fastest for one sequence; a row's
@@ -42,12 +44,13 @@ class Matmuls:
         self.rt = rt  # the model's Runtime
 
     def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
-                 residual: torch.Tensor | None = None, plain_norm: bool = False) -> list[torch.Tensor]:
+                 residual: torch.Tensor | None = None, plain_norm: bool = False,
+                 bf16_out: bool = False) -> list[torch.Tensor]:
         raise NotImplementedError
 
 
 class PromptMatmuls(Matmuls):
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
         rt = self.rt
         if plain_norm:
             if x.shape[0] < PREFILL_ROWS:
@@ -60,12 +63,12 @@ class PromptMatmuls(Matmuls):
         else:
             a = rt.produce(x) if x.shape[0] >= PREFILL_ROWS else x
         if len(names) == 1:
-            return [rt.linear(names[0], a, residual)]
-        return _add([rt.linear(n, a) for n in names], residual)
+            return [rt.linear(names[0], a, residual, bf16_out)]
+        return _add([rt.linear(n, a, bf16_out=bf16_out) for n in names], residual)
 
 
 class DecodeMatmuls(Matmuls):
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
         rt = self.rt
         if norm is not None and residual is None and not swiglu:
             return rt.decode_normed(names, x, norm)
@@ -88,7 +91,7 @@ class BatchMatmuls(Matmuls):
         super().__init__(rt)
         self.tile, self.rows = tile, rows
 
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
         rt, T = self.rt, x.shape[0]
         out: dict[str, torch.Tensor] = {}
         for n in names if self.rows else ():
@@ -123,7 +126,7 @@ class TiledPromptMatmuls(Matmuls):
             raise ValueError(f"prompt tile {tile} is under {PREFILL_ROWS} rows")
         self.tile = tile
 
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
         rt, T = self.rt, x.shape[0]
         xp = _pad(x, self.tile)
         if norm is not None:
@@ -143,7 +146,7 @@ class SplitMatmuls(Matmuls):
         super().__init__(head.rt)
         self.head, self.tail, self.split = head, tail, split
 
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
         s = self.split
         r = (None, None) if residual is None else (residual[:s], residual[s:])
         a = self.head(names, x[:s], norm, swiglu, r[0], plain_norm)

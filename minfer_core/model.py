@@ -74,16 +74,18 @@ class Runtime:
         self.counts[kernel.label] += 1
         return kernel.fn(*args, **kw)
 
-    def linear(self, name: str, x, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, name: str, x, residual: torch.Tensor | None = None, bf16_out: bool = False) -> torch.Tensor:
         """x: Activation (prefill) or f32 tensor (M, K) -> f32 (M, N), ``residual +`` it when
-        given (inside a prefill kernel whose candidate ``fuses`` it)."""
+        given (inside a prefill kernel whose candidate ``fuses`` it). ``bf16_out``: the product
+        feeds only the SwiGLU, so a prefill kernel that ``fuses`` ``"bf16_out"`` may return bf16."""
         rows = x.rows if isinstance(x, Activation) else x.shape[0]
         if rows >= PREFILL_ROWS:
             act = x if isinstance(x, Activation) else self.produce(x)
             c = self.plan.prefill[name]
+            kw = {"out_bf16": True} if bf16_out and "bf16_out" in c.fuses else {}
             if residual is not None and "residual" in c.fuses:
-                return self._run(c, act, residual=residual)
-            y = self._run(c, act)
+                return self._run(c, act, residual=residual, **kw)
+            y = self._run(c, act, **kw)
         else:
             y = self._run(self.plan.decode[name], x.f32 if isinstance(x, Activation) else x)
         return y if residual is None else residual + y
@@ -156,7 +158,7 @@ class Runtime:
     def swiglu(self, gu: torch.Tensor) -> Activation:
         if gu.shape[0] >= PREFILL_ROWS and "swiglu" in self.producers:
             return self._run(self.producers["swiglu"], gu)
-        g, u = gu.chunk(2, dim=-1)
+        g, u = gu.float().chunk(2, dim=-1)  # gu may be bf16 (Runtime.linear's bf16_out)
         return self.produce(F.silu(g) * u)
 
 
@@ -197,7 +199,7 @@ class Transformer:
         cfg, p, lw = self.cfg, self.p, self.p.layers[i]
         q, k, v = self.split_qkv(mm(lw.attn, h, norm=(p.attn_norm[i], cfg.rms_eps)))
         h = mm([lw.o], attend(i, q, k, v), residual=h)[0]
-        gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps)))
+        gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps), bf16_out=True))
         return mm([lw.down], gu, swiglu=True, residual=h)[0]
 
     def head(self, h: torch.Tensor, mm) -> torch.Tensor:

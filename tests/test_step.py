@@ -162,3 +162,36 @@ def test_a_prefill_matmul_that_fuses_the_residual_is_handed_it(smollm):
         rt.plan.prefill[o_name], rt.plan.prefill[down_name] = o, down
     assert torch.equal(got, plain)
     assert seen == [("o", (ids.shape[0], model.cfg.n_embd)), ("down", [])]
+
+
+def test_only_the_swiglu_input_may_come_back_in_bf16(smollm):
+    """``bf16_out`` is asked only of the products that feed the SwiGLU alone (a layer's ffn input
+    weights) and only of candidates that fuse it; given a bf16 ``[g | u]``, the SwiGLU (a plugin's or
+    the core's) and the rest of the prompt run on: the logits within bf16 rounding of the plain
+    pass's, the same next token."""
+    model = smollm.model
+    rt = model.rt
+    ids = torch.tensor(smollm.tok.encode("one two three four five six seven eight nine ten " * 3,
+                                         add_special=True))
+    plain = model.prompt(ids, 0)
+    saved, asked = dict(rt.plan.prefill), []
+
+    def wrap(name, c):
+        def fn(act, out_bf16=False, **kw):
+            if out_bf16:
+                asked.append(name)
+                return c.fn(act, **kw).to(torch.bfloat16)
+            return c.fn(act, **kw)
+        return dataclasses.replace(c, fn=fn, fuses=tuple(c.fuses) + ("bf16_out",))
+
+    rt.plan.prefill.update({n: wrap(n, c) for n, c in saved.items()})
+    try:
+        got = model.prompt(ids, 0)
+    finally:
+        rt.plan.prefill.clear()
+        rt.plan.prefill.update(saved)
+    ffn = [n for lw in model.p.layers for n in lw.ffn]
+    assert asked == ffn and got.dtype == torch.float32
+    assert not torch.equal(got, plain)
+    assert ((got - plain).norm() / plain.norm()).item() < 1e-2  # bf16's 2^-9 steps, here ~2e-3
+    assert torch.equal(got.argmax(-1), plain.argmax(-1))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from gguf import GGMLQuantizationType as QT
 
 from minfer_core.weights import Activation, Candidate, Gate, LoadContext, Weight
@@ -115,8 +116,10 @@ def fuse_proposal(weights: list[Weight], readers, ctx: LoadContext) -> tuple[int
 
 
 _BUILDER_GATE = {QT.Q4_K: "MINFER_MMQ_Q4K_DSC", QT.Q6_K: "MINFER_MMQ_Q6K_EXP"}
-#: What every prefill candidate here adds itself (``fn(act, residual=r)``; see ``Candidate.fuses``).
-FUSES = ("residual",)
+#: What every prefill candidate here does itself when asked (``fn(act, residual=r, out_bf16=True)``;
+#: see ``Candidate.fuses``): add the residual, and write a bf16 product (every route but the fused
+#: GEMM, which returns float32).
+FUSES = ("residual", "bf16_out")
 
 
 def gate_on(ctx: LoadContext, name: str) -> bool:
@@ -213,12 +216,16 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
 # -- the callables ------------------------------------------------------------------------------
 
 def _w16_fn(weight: Weight):
-    from minfer_core.linalg import mm_f32
+    from minfer_core.linalg import mm_bf16, mm_f32
 
     from .launch.scratch import bf16_rows
 
-    def fn(act: Activation, residual=None):
-        return mm_f32(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias, residual=residual)
+    def fn(act: Activation, residual=None, out_bf16: bool = False):
+        a, w = bf16_rows(act), weight.planes[planes.KEY_W16]
+        if out_bf16 and residual is None:
+            return mm_bf16(a, w, weight.bias)
+        y = mm_f32(a, w, weight.bias, residual=residual)
+        return y.to(torch.bfloat16) if out_bf16 else y
     return fn
 
 
@@ -249,30 +256,31 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
             return raw_fill
         return lambda out, r0, r1: gemm_planes.dequant_plane(plane, k, out, r0, r1)
 
-    def tiled(act: Activation, tile: Optional[int] = None, residual=None):
-        return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile, residual)
+    def tiled(act: Activation, tile: Optional[int] = None, residual=None, out_bf16: bool = False):
+        return jit_matmul(bf16_rows(act), n, k, weight.bias, fill(), tile, residual, out_bf16)
 
     wgmma = wgmma and qt in (QT.Q4_K, QT.Q6_K)
     split = tiles.wgmma_split(n, k)
 
-    def fn(act: Activation, residual=None):
+    def fn(act: Activation, residual=None, out_bf16: bool = False):
         plane = weight.planes.get(key)
+        out = {"out_dtype": torch.bfloat16} if out_bf16 else {}
         if plane is not None and wgmma and act.rows <= tiles.WGMMA_MAX_ROWS:
             from .prefill.gemm_wgmma import gemm_wgmma
             return gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
-                              residual=residual)
+                              residual=residual, **out)
         if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
             return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k), pdl=pdl,
-                                    residual=residual)
+                                    residual=residual, **out)
         if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
             return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,
-                                 residual=residual)
+                                 residual=residual, **out)
         if plane is not None and tiles.use_fused(act.rows, n, k):
             y = gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
             return y if residual is None else residual + y
-        return tiled(act, residual=residual)
+        return tiled(act, residual=residual, out_bf16=out_bf16)
     return fn, tiled
 
 
@@ -280,6 +288,6 @@ def _raw_fn(weight: Weight):
     from .launch.scratch import bf16_rows, jit_matmul
     fill = _raw_fill(weight)
 
-    def tiled(act: Activation, tile: Optional[int] = None, residual=None):
-        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill, tile, residual)
+    def tiled(act: Activation, tile: Optional[int] = None, residual=None, out_bf16: bool = False):
+        return jit_matmul(bf16_rows(act), weight.n_out, weight.n_in, weight.bias, fill, tile, residual, out_bf16)
     return tiled, tiled

@@ -226,3 +226,23 @@ def test_ws_gemm_residual(split):
     want = res.double() + a.double() @ w64.T
     scale = (a.double().abs() @ w64.abs().T).max()
     assert ((y.double() - want).abs().max() / scale).item() < TOL_F16
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_gemms_write_bf16_products(split):
+    """With ``out_dtype=bf16`` each warpgroup-MMA GEMM writes exactly its float32 product rounded to
+    bf16 (the epilogue's store, or the split reduction's)."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma import gemm_wgmma
+    from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
+    from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
+
+    n, k = 300, 2048
+    w = _weight(QT.Q4_K, n, k, seed=10)
+    plane = planes.BUILDERS[QT.Q4_K][1](w.raw, k)
+    for m, gemm in ((40, lambda a, **kw: gemm_wgmma(a, plane, w.bias, 64, split, **kw)),
+                    (100, lambda a, **kw: gemm_wgmma_async(a, plane, w.bias, split, **kw)),
+                    (300, lambda a, **kw: gemm_wgmma_ws(a, plane, w.bias, split, **kw))):
+        a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        y = gemm(a, out_dtype=torch.bfloat16)
+        assert y.dtype == torch.bfloat16 and torch.equal(y, gemm(a).to(torch.bfloat16)), m

@@ -30,12 +30,12 @@ def _weight(qt, n, k, seed=0, bias=True):
     return Weight(f"t.{qt.name}", qt, (n, k), raw, "o", b)
 
 
-def _check(y, x, w, n):
+def _check(y, x, w, n, dtype=torch.float32):
     ref = x.double().cpu() @ oracle(w.raw, w.qtype, w.n_in).double().T
     if w.bias is not None:
         ref += w.bias.double().cpu()
-    assert y.shape == (x.shape[0], n) and y.dtype == torch.float32
-    fro, mx = rel_err(y, ref)
+    assert y.shape == (x.shape[0], n) and y.dtype == dtype
+    fro, mx = rel_err(y.float(), ref)
     assert fro < 1e-2 and mx < 2e-2, (fro, mx)
 
 
@@ -89,6 +89,23 @@ def test_prefill_candidate_adds_the_residual(qt, m, make_ctx):
     y = c.fn(Activation(x, x.to(torch.bfloat16)), residual=r)
     assert y.shape == (m, n) and not torch.equal(y, r)
     _check(y - r, x, w, n)
+
+
+@pytest.mark.parametrize("qt", SERVED)
+@pytest.mark.parametrize("m", [17, 130])
+def test_prefill_candidate_writes_bf16(qt, m, make_ctx, monkeypatch):
+    """Every prefill candidate says it can hand back a bf16 product, and every route but the fused
+    GEMM's (kept off here) does: the oracle's product within the same bounds (one more rounding)."""
+    from minfer_core.weights import Activation
+    from minfer_mmq_triton import tiles
+
+    monkeypatch.setattr(tiles, "use_fused", lambda m, n, k: False)
+    n, k = 40, 512 if qt in KQ else 288
+    w = _weight(qt, n, k, seed=m + 2)
+    c = _candidate(w, make_ctx())
+    assert "bf16_out" in c.fuses
+    x = torch.randn(m, k, device=DEV)
+    _check(c.fn(Activation(x, x.to(torch.bfloat16)), out_bf16=True), x, w, n, torch.bfloat16)
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K])

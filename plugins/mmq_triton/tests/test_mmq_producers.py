@@ -36,6 +36,20 @@ def test_swiglu(m, f, write_f32):
     torch.testing.assert_close(act.plane.float(), ref, rtol=2 ** -7, atol=1e-3)
 
 
+@pytest.mark.parametrize("m,f", SHAPES)
+def test_swiglu_reads_bf16(m, f):
+    """A bf16 ``[g | u]`` (a gate|up matmul's ``out_bf16`` product) gives the float32 SwiGLU of
+    its bf16 values."""
+    from minfer_mmq_triton.ops.producers import swiglu
+
+    gu = (torch.randn(m, 2 * f, device=DEV) * 3).to(torch.bfloat16)
+    g, u = gu.float().chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(g) * u
+    act = swiglu(gu, True)
+    torch.testing.assert_close(act.f32, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(act.plane.float(), ref, rtol=2 ** -7, atol=1e-3)
+
+
 def test_prepass():
     from minfer_mmq_triton.ops.producers import prepass
 

@@ -1,4 +1,4 @@
-"""Just-in-time matmul plumbing: activation fetch, bf16 scratch, cuBLAS with a float32 result.
+"""Just-in-time matmul plumbing: activation fetch, bf16 scratch, cuBLAS with a float32 (or bf16) result.
 
 The scratch is transient: one ``torch.empty`` per matmul, which torch's caching allocator hands
 back from the same block every layer (no persistent weight copy). Weights larger than
@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from minfer_core.linalg import mm_f32
+from minfer_core.linalg import mm_bf16, mm_f32
 from minfer_core.weights import Activation
 
 SCRATCH_MAX = 1 << 28  # bf16 elements
@@ -27,16 +27,20 @@ def bf16_rows(act: Activation) -> torch.Tensor:
 
 def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
                fill: Callable[[torch.Tensor, int, int], torch.Tensor], tile: Optional[int] = None,
-               residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+               residual: Optional[torch.Tensor] = None, out_bf16: bool = False) -> torch.Tensor:
     """Expand the weight with ``fill(scratch, r0, r1)`` (rows ``r0:r1`` as bf16) and multiply;
     ``tile``: one GEMM per ``tile`` rows of ``a`` (a whole number of them) under each expansion,
     so that a row's bits depend on the tile's shape alone, not on how many rows ``a`` has.
-    ``residual``: float32 ``(M, N)`` added to the product (in cuBLAS's epilogue where it can)."""
+    ``residual``: float32 ``(M, N)`` added to the product (in cuBLAS's epilogue where it can);
+    ``out_bf16``: the product as bf16 (the GEMM writes it so when there is one GEMM, no residual)."""
     parts = a.split(tile) if tile else (a,)
     step = max(1, SCRATCH_MAX // k)
     if n <= step and len(parts) == 1:
         w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
-        return mm_f32(a, w, bias, residual=residual)
+        if out_bf16 and residual is None:
+            return mm_bf16(a, w, bias)
+        y = mm_f32(a, w, bias, residual=residual)
+        return y.to(torch.bfloat16) if out_bf16 else y
     # each GEMM writes its rows (and columns) of y; the bias is added once over all of them
     y = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
     for r0 in range(0, n, step):
@@ -50,4 +54,4 @@ def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
         y += bias
     if residual is not None:
         y += residual
-    return y
+    return y.to(torch.bfloat16) if out_bf16 else y

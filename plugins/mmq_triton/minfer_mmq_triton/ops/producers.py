@@ -58,8 +58,8 @@ def _swiglu_kernel(
     row = tl.program_id(0)
     f = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = f < F
-    g = tl.load(gu_ptr + row * stride_gu + f, mask=mask, other=0.0)
-    u = tl.load(gu_ptr + row * stride_gu + F + f, mask=mask, other=0.0)
+    g = tl.load(gu_ptr + row * stride_gu + f, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_gu + F + f, mask=mask, other=0.0).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
     if WRITE_F32:
         tl.store(y_ptr + row * stride_y + f, y, mask=mask)
@@ -81,8 +81,9 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, write_f32: bool = True
 
 
 def swiglu(gu: torch.Tensor, write_f32: bool = True, pdl: bool = False) -> Activation:
-    """gu f32 ``(M, 2F)`` (gate then up) -> Activation of ``silu(gate) * up`` ``(M, F)``."""
-    assert gu.dtype == torch.float32 and gu.dim() == 2 and gu.stride(1) == 1 and gu.shape[1] % 2 == 0
+    """gu float32 or bf16 ``(M, 2F)`` (gate then up) -> Activation of ``silu(gate) * up`` ``(M, F)``
+    (computed in float32)."""
+    assert gu.dtype in (torch.float32, torch.bfloat16) and gu.dim() == 2 and gu.stride(1) == 1 and gu.shape[1] % 2 == 0
     m, f = gu.shape[0], gu.shape[1] // 2
     y = torch.empty(m, f, dtype=torch.float32, device=gu.device) if write_f32 else None
     p = torch.empty(m, f, dtype=torch.bfloat16, device=gu.device)

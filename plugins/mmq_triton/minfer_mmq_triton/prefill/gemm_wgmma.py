@@ -255,13 +255,14 @@ def _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: gl.constexp
 
 def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, split: int,
                pdl: bool = False, residual: torch.Tensor | None = None, norm: tuple | None = None,
-               swiglu: bool = False) -> torch.Tensor:
-    """``[residual +] f(a) (M, K) @ dequant(plane).T (+ bias)`` -> float32 ``(M, N)`` for a q4_K or q6_K
-    plane; ``a``: bf16 or float32, ``(M, 2K)`` with ``swiglu``; ``f`` the staging kernel's producer:
-    RMSNorm with ``norm=(w, eps)`` (float32 ``w``), SwiGLU with ``swiglu``, else none. ``rows``:
-    the MMA's N (a power of two from 8 to 256, at least M; the engine's row tile or group, so the
-    instruction does not depend on how many rows came), ``split``: split-K (from the weight's shape);
-    ``pdl``: every kernel (and the split reduction) launches with PDL (``launch.pdl``)."""
+               swiglu: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[residual +] f(a) (M, K) @ dequant(plane).T (+ bias)`` -> ``(M, N)`` of ``out_dtype`` (float32 or
+    bf16) for a q4_K or q6_K plane; ``a``: bf16 or float32, ``(M, 2K)`` with ``swiglu``; ``f`` the staging
+    kernel's producer: RMSNorm with ``norm=(w, eps)`` (float32 ``w``), SwiGLU with ``swiglu``, else
+    none. ``rows``: the MMA's N (a power of two from 8 to 256, at least M; the engine's row tile or
+    group, so the instruction does not depend on how many rows came), ``split``: split-K (from the
+    weight's shape); ``pdl``: every kernel (and the split reduction) launches with PDL
+    (``launch.pdl``)."""
     if norm is not None and swiglu:
         raise ValueError("the staging kernel applies RMSNorm or SwiGLU, not both")
     m, k = a.shape
@@ -270,7 +271,7 @@ def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, spl
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0 and m <= rows
     assert rows in (8, 16, 32, 64, 128, 256)
     ws, wtype = plane_words(plane)
-    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
+    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
     n = y.shape[1]
     x = stage(a, rows, norm, swiglu, pdl)
     _gemm_wgmma_kernel[(triton.cdiv(n, 64), split)](
@@ -290,11 +291,11 @@ def plane_words(plane) -> tuple[tuple[torch.Tensor, ...], int]:
     return (plane.ql, plane.qh, plane.sc.view(torch.int16)), 1
 
 
-def outputs(m: int, n: int, split: int, bias, residual, device):
-    """``y`` float32 ``(m, n)``; what the kernel writes (``y``, or the ``(split, m, n)`` partials), and
-    the bias and residual pointers it gets (``y`` where there is none, or where the split reduction
-    adds them)."""
-    y = torch.empty(m, n, dtype=torch.float32, device=device)
+def outputs(m: int, n: int, split: int, bias, residual, device, dtype=torch.float32):
+    """``y`` ``(m, n)`` of ``dtype`` (float32, or bf16: the float32 sums rounded as they are stored);
+    what the kernel writes (``y``, or the float32 ``(split, m, n)`` partials), and the bias and
+    residual pointers it gets (``y`` where there is none, or where the split reduction adds them)."""
+    y = torch.empty(m, n, dtype=dtype, device=device)
     if residual is not None:
         assert residual.shape == y.shape and residual.dtype == torch.float32 and residual.is_contiguous()
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=device)

@@ -130,15 +130,17 @@ DEFAULT_TILE = tiles.ASYNC_TILE
 
 
 def gemm_wgmma_async(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int = 1, pdl: bool = False,
-                     residual: torch.Tensor | None = None, tile: tuple[int, int, int] = DEFAULT_TILE) -> torch.Tensor:
-    """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> float32 ``(M, N)`` for a q4_K or q6_K plane,
-    any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``: ``(NA, WG, STAGES)``, see the module."""
+                     residual: torch.Tensor | None = None, tile: tuple[int, int, int] = DEFAULT_TILE,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> ``(M, N)`` of ``out_dtype`` (float32 or
+    bf16) for a q4_K or q6_K plane, any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``:
+    ``(NA, WG, STAGES)``, see the module."""
     na, wg, stages = tile
     assert na in (64, 128, 256) and wg in BYTES_LAYOUTS and stages >= 2
     m, k = a.shape
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
     ws, wtype = plane_words(plane)
-    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
+    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
     n = y.shape[1]
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl)
     _gemm_async_kernel[(triton.cdiv(n, 64 * wg), triton.cdiv(m, na), split)](

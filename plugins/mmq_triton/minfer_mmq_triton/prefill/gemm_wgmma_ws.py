@@ -262,16 +262,17 @@ def max_regs(wg: int, p: int) -> int:
 
 
 def gemm_wgmma_ws(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int = 1, pdl: bool = False,
-                  residual: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] = DEFAULT_TILE
-                  ) -> torch.Tensor:
-    """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> float32 ``(M, N)`` for a q4_K or q6_K plane,
-    any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``: see ``DEFAULT_TILE``."""
+                  residual: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] = DEFAULT_TILE,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> ``(M, N)`` of ``out_dtype`` (float32 or
+    bf16) for a q4_K or q6_K plane, any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``: see
+    ``DEFAULT_TILE``."""
     na, wg, stages, p, regs = tile
     assert na in (64, 128, 256) and wg in (1, 2) and stages >= 2 and p in (4, 8) and 4 * wg + p <= 16
     m, k = a.shape
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
     ws, wtype = plane_words(plane)
-    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device)
+    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
     n = y.shape[1]
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=2 if wtype == 0 else 0)  # _decode_words' K order
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
