@@ -248,7 +248,9 @@ def minfer_attention_candidates(phase, ctx):
     captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32.
     Prefill contract: ``fn(q, k, v, start) -> out`` with ``q`` ``(T, n_heads, head_dim)``,
     ``k``/``v`` ``(start + T, n_kv_heads, head_dim)`` (cached then new), causal, ``out``
-    ``(T, n_heads * head_dim)`` float32.
+    ``(T, n_heads * head_dim)`` float32; a candidate whose ``fuses`` holds ``"plane"`` returns, for
+    ``fn(..., plane=True)``, an :class:`~minfer_core.weights.Activation` of the bf16 plane alone
+    (asked when the layer's o matmul reads nothing else).
     ``"paged_decode"`` (the batched engine: one query row per entry, each over its own sequence in
     a paged pool): ``fn(q, k_pages, v_pages, block_tables, seq_lens) -> out`` with ``q`` ``(N,
     n_heads, head_dim)``, pages ``(n_blocks, page, n_kv_heads, head_dim)`` of one layer,

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .reference import rmsnorm_rows as rmsnorm
+from .weights import Activation
 
 PREFILL_ROWS = 16  # matmuls with at least this many rows are "prefill"
 
@@ -60,6 +61,8 @@ class PromptMatmuls(Matmuls):
             a = rt.rmsnorm(x, *norm)
         elif swiglu:
             a = rt.swiglu(x)
+        elif isinstance(x, Activation):  # written by its producer already (the prefill attention's plane)
+            a = x
         else:
             a = rt.produce(x) if x.shape[0] >= PREFILL_ROWS else x
         if len(names) == 1:

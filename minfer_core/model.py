@@ -90,6 +90,15 @@ class Runtime:
             y = self._run(self.plan.decode[name], x.f32 if isinstance(x, Activation) else x)
         return y if residual is None else residual + y
 
+    def attend_prompt(self, o_name: str, q, k, v, start: int):
+        """The prefill attention's output for the o matmul ``o_name``: f32 rows, or an Activation
+        of the plane alone when the attention writes it (``fuses`` ``"plane"``) and o's prefill
+        kernel reads nothing else (no f32 copy, no prepass)."""
+        c = self.attn_prefill
+        if q.shape[0] >= PREFILL_ROWS and "plane" in c.fuses and self.plan.prefill[o_name].reads == ("plane",):
+            return self._run(c, q, k, v, start, plane=True)
+        return self._run(c, q, k, v, start)
+
     def tiled_linear(self, name: str, act: Activation, tile: int) -> torch.Tensor:
         """The prefill kernel of ``name`` over fixed tiles of ``tile`` rows of ``act`` (whole tiles,
         ``tile >= PREFILL_ROWS``): a row's bits depend on that row and ``tile`` alone."""

@@ -53,7 +53,7 @@ class ContiguousPrompt:
         T, H, Hkv, D = q.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q = rt._run(rt.pre_rope_kv, q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D), cos, sin,
                     c.k[i], c.v[i], s, cfg.rope_style == "neox")
-        return rt._run(rt.attn_prefill, q, c.k[i, :s + T], c.v[i, :s + T], s)
+        return rt.attend_prompt(model.p.layers[i].o, q, c.k[i, :s + T], c.v[i, :s + T], s)
 
 
 class ContiguousToken:

@@ -82,7 +82,9 @@ class Candidate:
     norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight; ``"swiglu"``: ``fn(gu,
     swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``; (prefill matmuls) ``"bf16_out"``:
     ``fn(act, out_bf16=True)`` may return its product rounded to bf16 (asked only of products that
-    feed the SwiGLU producer alone, which reads either dtype: half the bytes written and read back).
+    feed the SwiGLU producer alone, which reads either dtype: half the bytes written and read back);
+    (prefill attention) ``"plane"``: ``fn(q, k, v, start, plane=True)`` returns the output as an
+    :class:`Activation` of the bf16 plane alone, for an o matmul that reads only the plane.
     The core does whatever a candidate does not fuse itself.
     ``reads`` (prefill matmuls): the layouts of the activation ``fn`` reads (``"f32"``, ``"plane"``);
     (decode matmuls): the names of :attr:`Activation.forms` that ``fn(x, forms={name: data})`` can

@@ -85,6 +85,8 @@ def test_prefill_flash_attention_matches_reference(start):
     got = prefill_flash(q, k, v, start)
     # f16 inputs and f16 softmax-weighted sums: ~1e-3 relative error per output
     assert float((got - ref).norm() / ref.norm()) < 2e-3
+    act = prefill_flash(q, k, v, start, plane=True)  # the o matmul's plane alone: the same rows in bf16
+    assert act.f32 is None and torch.equal(act.plane, got.to(torch.bfloat16))
 
 
 @pytest.mark.cuda

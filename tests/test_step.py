@@ -195,3 +195,45 @@ def test_only_the_swiglu_input_may_come_back_in_bf16(smollm):
     assert not torch.equal(got, plain)
     assert ((got - plain).norm() / plain.norm()).item() < 1e-2  # bf16's 2^-9 steps, here ~2e-3
     assert torch.equal(got.argmax(-1), plain.argmax(-1))
+
+
+def test_the_attention_writes_the_plane_when_o_reads_nothing_else(smollm):
+    """A prefill attention that fuses ``"plane"`` is asked for its output as the bf16 plane alone
+    exactly when the layer's o matmul reads only the plane; o then gets that Activation (no f32
+    rows, no prepass) and the prompt's logits stay within bf16 rounding of the plain pass's."""
+    model = smollm.model
+    rt, plan = model.rt, model.rt.plan
+    ids = torch.tensor(smollm.tok.encode("one two three four five six seven eight nine ten " * 3,
+                                         add_special=True))
+    plain = model.prompt(ids, 0)
+    attn, saved = rt.attn_prefill, dict(plan.prefill)
+    o_names = [lw.o for lw in model.p.layers]
+    asked, o_got = [], []
+
+    def attention(q, k, v, start, plane=False):
+        asked.append(plane)
+        out = attn.fn(q, k, v, start)
+        return Activation(None, out.to(torch.bfloat16)) if plane else out
+
+    def o_reading(c, reads):
+        def fn(act, **kw):
+            o_got.append(act.f32 is None)
+            plane = act.plane if act.plane is not None else act.f32.to(torch.bfloat16)
+            return c.fn(Activation(plane.float(), plane), **kw)
+        return dataclasses.replace(c, fn=fn, reads=reads)
+
+    rt.attn_prefill = dataclasses.replace(attn, fn=attention, fuses=("plane",))
+    try:
+        got = {}
+        for reads in (("plane",), ("f32", "plane")):
+            asked.clear(), o_got.clear()
+            plan.prefill.update({n: o_reading(saved[n], reads) for n in o_names})
+            got[reads] = model.prompt(ids, 0)
+            assert asked == o_got == [reads == ("plane",)] * len(o_names)
+    finally:
+        rt.attn_prefill = attn
+        plan.prefill.clear()
+        plan.prefill.update(saved)
+    for y in got.values():
+        assert ((y - plain).norm() / plain.norm()).item() < 1e-2
+        assert torch.equal(y.argmax(-1), plain.argmax(-1))

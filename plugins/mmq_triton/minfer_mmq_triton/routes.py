@@ -271,8 +271,9 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
                               residual=residual, **out)
         if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
-            return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k), pdl=pdl,
-                                    residual=residual, **out)
+            tile = tiles.async_tile(qt)
+            return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k, tile),
+                                    pdl=pdl, residual=residual, tile=tile, **out)
         if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
             return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,

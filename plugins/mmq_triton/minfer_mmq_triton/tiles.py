@@ -193,14 +193,29 @@ def wgmma_split(n: int, k: int) -> int:
 #: it loses to expand + cuBLAS (gate|up 362.0 against 299.1), and so it does for qkv and o at 128 (31.5
 #: and 31.9 at split 1 against 24.1 and 19.4). Split-K doubles while the grid stays within
 #: ASYNC_PROGRAMS programs and each split keeps ASYNC_MIN_SPANS spans, up to ASYNC_MAX_SPLIT.
+#: q6_K weights of that size with more inputs than outputs (the 7B's down; not the output head, not
+#: timed) run there too, at ASYNC_TILE_Q6K: H200, 96 / 128 rows (``bench_batch_gemm.py --q6 --only
+#: --async ..``, split 4) 75.0 / 75.9 us against 77.9 / 79.6 at ASYNC_TILE and the fused GEMM's 114.6 /
+#: 119.9 (expand + cuBLAS 114.0 / 114.6).
 ASYNC_MAX_ROWS = 128
-ASYNC_TILE = (128, 1, 2)
+ASYNC_TILE, ASYNC_TILE_Q6K = (128, 1, 2), (128, 1, 3)
 ASYNC_PROGRAMS, ASYNC_MIN_SPANS, ASYNC_MAX_SPLIT = 264, 8, 4
+
+
+def _wide(qtype, n: int, k: int) -> bool:
+    """The weights the asynchronous and warp-specialized GEMMs serve: q4_K of at least
+    FUSED_WIDE_VALUES values, q6_K of that size with more inputs than outputs."""
+    return n * k >= FUSED_WIDE_VALUES and (qtype == QT.Q4_K or (qtype == QT.Q6_K and k > n))
 
 
 def async_route(qtype, m: int, n: int, k: int) -> bool:
     """Whether an ``m``-row matmul over this weight runs on the asynchronous warpgroup-MMA GEMM (Hopper)."""
-    return qtype == QT.Q4_K and WGMMA_MAX_ROWS < m <= ASYNC_MAX_ROWS and n * k >= FUSED_WIDE_VALUES
+    return WGMMA_MAX_ROWS < m <= ASYNC_MAX_ROWS and _wide(qtype, n, k)
+
+
+def async_tile(qtype) -> tuple[int, int, int]:
+    """The asynchronous GEMM's ``(NA, WG, STAGES)`` for a weight type."""
+    return ASYNC_TILE_Q6K if qtype == QT.Q6_K else ASYNC_TILE
 
 
 def async_split(m: int, n: int, k: int, tile: tuple[int, int, int] = ASYNC_TILE) -> int:
@@ -216,7 +231,9 @@ def async_split(m: int, n: int, k: int, tile: tuple[int, int, int] = ASYNC_TILE)
 #: cuBLAS. H100, 7B shapes, us a call against expand + cuBLAS (``.. --ws 256,1,5,8,96``): gate|up 168.0 /
 #: 269.3 at 256 rows, 301.9 / 343.0 at 512, 642.5 / 518.4 at 1,024; down 98.7 / 137.6 at 256 (split 2),
 #: 170.3 / 161.8 at 512. Split-K doubles while the tiles stay within WS_PROGRAMS and each split keeps
-#: WS_MIN_SPANS spans, up to WS_MAX_SPLIT (down at 256 rows: 2, the fastest of 1, 2 and 4).
+#: WS_MIN_SPANS spans, up to WS_MAX_SPLIT (down at 256 rows: 2, the fastest of 1, 2 and 4). The 7B's
+#: q6_K down as well (H200, ``--q6 --only --ws ..``): 105.0 us at 256 rows (split 2) against 125.5 for
+#: expand + cuBLAS, but 182.7 against 158.5 at 512.
 WS_MAX_ROWS, WS_MAX_ROWS_LONG_K = 512, 256
 WS_TILE = (256, 1, 5, 8, 96)
 WS_PROGRAMS, WS_MIN_SPANS, WS_MAX_SPLIT = 132, 8, 4
@@ -225,7 +242,7 @@ WS_PROGRAMS, WS_MIN_SPANS, WS_MAX_SPLIT = 132, 8, 4
 def ws_route(qtype, m: int, n: int, k: int) -> bool:
     """Whether an ``m``-row matmul over this weight runs on the warp-specialized GEMM (Hopper)."""
     top = WS_MAX_ROWS_LONG_K if k > n else WS_MAX_ROWS
-    return qtype == QT.Q4_K and ASYNC_MAX_ROWS < m <= top and n * k >= FUSED_WIDE_VALUES
+    return ASYNC_MAX_ROWS < m <= top and _wide(qtype, n, k)
 
 
 def ws_split(m: int, n: int, k: int, tile: tuple[int, ...] = WS_TILE) -> int:

@@ -181,32 +181,36 @@ def test_wgmma_gemm_split_and_tile_from_the_shape():
 
 def test_async_gemm_route_from_rows_and_shape():
     """The asynchronous warpgroup-MMA GEMM serves what the H200 measured it faster for
-    (benchmarks/README.md): q4_K weights of 48M values or more (the 7B's gate|up and down) at 65-128
-    rows; not qkv or o (expand + cuBLAS was faster), not q6_K (not timed), not at 64 rows (the
-    synchronous GEMM) or from 129 on (the warp-specialized GEMM, expand + cuBLAS). Its split-K fills
-    the grid only where the grid is small: 4 for down at 128 rows (the split measured), 1 for gate|up."""
+    (benchmarks/README.md): q4_K weights of 48M values or more (the 7B's gate|up and down) and q6_K
+    ones of more inputs than outputs (down) at 65-128 rows; not qkv or o (expand + cuBLAS was faster),
+    not the q6_K output head (not timed), not at 64 rows (the synchronous GEMM) or from 129 on (the
+    warp-specialized GEMM, expand + cuBLAS). Its split-K fills the grid only where the grid is small:
+    4 for down at 128 rows (the split measured, q4_K and q6_K), 1 for gate|up."""
     from minfer_mmq_triton import tiles
 
-    gate_up, down, qkv, o = (37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584)
+    gate_up, down, qkv, o, head = (37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584), (152064, 3584)
     for m in (65, 100, 128):
         assert tiles.async_route(QT.Q4_K, m, *gate_up) and tiles.async_route(QT.Q4_K, m, *down)
         assert not tiles.async_route(QT.Q4_K, m, *qkv) and not tiles.async_route(QT.Q4_K, m, *o)
-        assert not tiles.async_route(QT.Q6_K, m, *down)
+        assert tiles.async_route(QT.Q6_K, m, *down) and not tiles.async_route(QT.Q6_K, m, *head)
     assert not any(tiles.async_route(QT.Q4_K, m, *gate_up) for m in (16, 64, 129, 512))
+    assert not any(tiles.async_route(QT.Q6_K, m, *down) for m in (64, 129))
     assert tiles.async_split(128, *down) == 4 and tiles.async_split(128, *gate_up) == 1
+    assert tiles.async_split(128, *down, tiles.async_tile(QT.Q6_K)) == 4
 
 
 def test_ws_gemm_route_from_rows_and_shape():
     """The warp-specialized GEMM serves what the H100 measured it faster for than expand + cuBLAS
-    (benchmarks/README.md): the 7B's q4_K gate|up at 129-512 rows and down (more inputs than outputs)
-    at 129-256; not qkv or o, not q6_K, not at 128 rows (the asynchronous GEMM) or above. down at 256
-    rows splits K 2 ways (the fastest of 1, 2 and 4), gate|up not at all."""
+    (benchmarks/README.md): the 7B's q4_K gate|up at 129-512 rows and down (more inputs than outputs,
+    q4_K or q6_K; the H200) at 129-256; not qkv or o, not a q6_K of fewer inputs than outputs, not at
+    128 rows (the asynchronous GEMM) or above. down at 256 rows splits K 2 ways (the fastest of 1, 2
+    and 4), gate|up not at all."""
     from minfer_mmq_triton import tiles
 
     gate_up, down, qkv, o = (37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584)
     for m in (129, 256, 512):
         assert tiles.ws_route(QT.Q4_K, m, *gate_up)
-        assert tiles.ws_route(QT.Q4_K, m, *down) == (m <= 256)
+        assert tiles.ws_route(QT.Q4_K, m, *down) == tiles.ws_route(QT.Q6_K, m, *down) == (m <= 256)
         assert not tiles.ws_route(QT.Q4_K, m, *qkv) and not tiles.ws_route(QT.Q4_K, m, *o)
         assert not tiles.ws_route(QT.Q6_K, m, *gate_up)
     assert not any(tiles.ws_route(QT.Q4_K, m, *gate_up) for m in (64, 128, 513, 3314))

@@ -187,11 +187,14 @@ class SplitKVAttention:
         return Activation(out, forms={FORM: as_words(*xq)}) if form else out
 
 
-def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                  plane: bool = False) -> torch.Tensor | Activation:
     """Causal GQA prefill attention through torch SDPA in f16 (its flash kernel on the GPU).
 
-    q (T, H, D) f32, k/v (start+T, Hkv, D) f16 from the cache -> (T, H*D) f32. K/V heads are
-    repeated to H so the flash backend always applies (it costs a copy of this layer's K/V).
+    q (T, H, D) f32, k/v (start+T, Hkv, D) f16 from the cache -> (T, H*D) f32, or with ``plane``
+    an :class:`Activation` of the bf16 rows alone (one conversion of SDPA's output, which lies
+    token-major already). K/V heads are repeated to H so the flash backend always applies (it
+    costs a copy of this layer's K/V).
     """
     t, h, d = q.shape
     rep = h // k.shape[1]
@@ -203,7 +206,8 @@ def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int)
     else:  # new rows see every cached position and the new ones up to themselves
         mask = torch.arange(start + t, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None] + start
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
-    return o[0].transpose(0, 1).reshape(t, h * d).float()
+    o = o[0].transpose(0, 1).reshape(t, h * d)
+    return Activation(None, o.to(torch.bfloat16)) if plane else o.float()
 
 
 def attention_candidates(phase: str, ctx) -> list[Candidate]:
@@ -223,5 +227,5 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
 
         return [paged_prefill_candidate()]
     if ctx.device.type == "cuda":
-        return [Candidate(PLUGIN, "mmq.attn.flash", prefill_flash)]
+        return [Candidate(PLUGIN, "mmq.attn.flash", prefill_flash, fuses=("plane",))]
     return []
