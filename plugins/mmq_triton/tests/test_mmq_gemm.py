@@ -234,6 +234,16 @@ def test_jit_matmul_tiles_give_each_row_its_tiles_bits(monkeypatch, chunked):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("chunked", [False, True])
+def test_jit_matmul_tiles_keep_their_bits_on_cublas(monkeypatch, chunked):
+    """The same through cuBLAS, where a bias could ride in a GEMM's epilogue (another kernel, other
+    bits): a tile alone must still take the path it takes among others."""
+    if DEV != "cuda":
+        pytest.skip("cuBLAS")
+    test_jit_matmul_tiles_give_each_row_its_tiles_bits(monkeypatch, chunked)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("qt", SERVED)
 @pytest.mark.parametrize("nk", [(1152, 896), (896, 4864), (4608, 3584), (3584, 18944)])
 def test_prefill_real_layouts_cuda(qt, nk, make_ctx, monkeypatch):

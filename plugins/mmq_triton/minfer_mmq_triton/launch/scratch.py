@@ -31,11 +31,13 @@ def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
     """Expand the weight with ``fill(scratch, r0, r1)`` (rows ``r0:r1`` as bf16) and multiply;
     ``tile``: one GEMM per ``tile`` rows of ``a`` (a whole number of them) under each expansion,
     so that a row's bits depend on the tile's shape alone, not on how many rows ``a`` has.
-    ``residual``: float32 ``(M, N)`` added to the product (in cuBLAS's epilogue where it can);
-    ``out_bf16``: the product as bf16 (the GEMM writes it so when there is one GEMM, no residual)."""
+    ``residual``: float32 ``(M, N)`` added to the product (in cuBLAS's epilogue where it can, never
+    over ``tile``s: an epilogue is another GEMM, so one tile alone would not get the bits it gets
+    among others); ``out_bf16``: the product as bf16 (the GEMM writes it so when there is one GEMM
+    and no residual)."""
     parts = a.split(tile) if tile else (a,)
     step = max(1, SCRATCH_MAX // k)
-    if n <= step and len(parts) == 1:
+    if n <= step and not tile:
         w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
         if out_bf16 and residual is None:
             return mm_bf16(a, w, bias)
