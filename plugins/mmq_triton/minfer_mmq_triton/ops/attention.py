@@ -30,6 +30,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 import triton
 import triton.language as tl
 
@@ -203,9 +204,9 @@ def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
     vh = v.transpose(0, 1).repeat_interleave(rep, 0)[None]
     if start == 0:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
-    else:  # new rows see every cached position and the new ones up to themselves
-        mask = torch.arange(start + t, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None] + start
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    else:  # new rows see every cached position and the new ones up to themselves: causal, aligned
+        # to the bottom right, which the fused kernels apply themselves (no mask tensor)
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, start + t))
     o = o[0].transpose(0, 1).reshape(t, h * d)
     return Activation(None, o.to(torch.bfloat16)) if plane else o.float()
 
