@@ -216,16 +216,10 @@ def producer_candidates(kind: str, ctx: LoadContext) -> Optional[list[Candidate]
 # -- the callables ------------------------------------------------------------------------------
 
 def _w16_fn(weight: Weight):
-    from minfer_core.linalg import mm_bf16, mm_f32
-
-    from .launch.scratch import bf16_rows
+    from .launch.scratch import bf16_rows, product
 
     def fn(act: Activation, residual=None, out_bf16: bool = False):
-        a, w = bf16_rows(act), weight.planes[planes.KEY_W16]
-        if out_bf16 and residual is None:
-            return mm_bf16(a, w, weight.bias)
-        y = mm_f32(a, w, weight.bias, residual=residual)
-        return y.to(torch.bfloat16) if out_bf16 else y
+        return product(bf16_rows(act), weight.planes[planes.KEY_W16], weight.bias, residual, out_bf16)
     return fn
 
 

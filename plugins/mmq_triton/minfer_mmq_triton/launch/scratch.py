@@ -25,6 +25,16 @@ def bf16_rows(act: Activation) -> torch.Tensor:
     return act.f32.to(torch.bfloat16)
 
 
+def product(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor] = None,
+            out_bf16: bool = False) -> torch.Tensor:
+    """``[residual +] a @ w.T (+ bias)`` in one cuBLAS GEMM where it can: float32, or bf16 with
+    ``out_bf16`` (written so by the GEMM when there is no residual)."""
+    if out_bf16 and residual is None:
+        return mm_bf16(a, w, bias)
+    y = mm_f32(a, w, bias, residual=residual)
+    return y.to(torch.bfloat16) if out_bf16 else y
+
+
 def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
                fill: Callable[[torch.Tensor, int, int], torch.Tensor], tile: Optional[int] = None,
                residual: Optional[torch.Tensor] = None, out_bf16: bool = False) -> torch.Tensor:
@@ -38,11 +48,8 @@ def jit_matmul(a: torch.Tensor, n: int, k: int, bias: Optional[torch.Tensor],
     parts = a.split(tile) if tile else (a,)
     step = max(1, SCRATCH_MAX // k)
     if n <= step and not tile:
-        w = fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n)
-        if out_bf16 and residual is None:
-            return mm_bf16(a, w, bias)
-        y = mm_f32(a, w, bias, residual=residual)
-        return y.to(torch.bfloat16) if out_bf16 else y
+        return product(a, fill(torch.empty(n, k, dtype=torch.bfloat16, device=a.device), 0, n), bias, residual,
+                       out_bf16)
     # each GEMM writes its rows (and columns) of y; the bias is added once over all of them
     y = torch.empty(a.shape[0], n, dtype=torch.float32, device=a.device)
     for r0 in range(0, n, step):
