@@ -3,7 +3,7 @@
 the batched engine runs without them) and, at one row, the single-stream decode GEMV.
 
     python benchmarks/bench_batch_gemm.py [--rows 1,8,32,128] [--configs T,G,W ...]
-        [--fused BM,BN,W,S ...] [--fused-ahead] [--fused-swap [only]] [--ready] [--q6]
+        [--fused BM,BN,W,S ...] [--fused-ahead] [--fused-swap [only]] [--ready] [--q6] [--shapes gate_up,down]
 
 ``--fused``: the fused plane GEMM at these tiles over all the rows in one call, beside the 64-row
 tiles and (above 64 rows) expand + cuBLAS, the prefill route there; ``--fused-ahead``: each with
@@ -96,6 +96,7 @@ def main() -> None:
                     help="NA,WG,STAGES[,SPLIT] tiles of the asynchronous warpgroup-MMA GEMM (prefill.gemm_wgmma_async)")
     ap.add_argument("--ws", dest="ws_tiles", nargs="*", default=[],
                     help="NA,WG,STAGES,P,REGS[,SPLIT] tiles of the warp-specialized GEMM (prefill.gemm_wgmma_ws)")
+    ap.add_argument("--shapes", default=None, help="only these weights, e.g. gate_up,down")
     ap.add_argument("--only", action="store_true", help="no rows GEMM, no fused tiles: only the GEMMs asked for")
     ap.add_argument("--decode", action="store_true", help="q4_K decoded in bf16x2 vs float32 (fused GEMM, expansion)")
     args = ap.parse_args()
@@ -111,6 +112,8 @@ def main() -> None:
     print("| weight | rows | kernel | us | GB/s |\n|---|---|---|---|---|")
     qt, build = (QT.Q6_K, planes.build_q6k) if args.q6 else (QT.Q4_K, planes.build_q4k)
     for name, (n, k) in (SHAPES_7B_Q6 if args.q6 else SHAPES_7B).items():
+        if args.shapes and name not in args.shapes.split(","):
+            continue
         copies = max(2, int(200e6 // (n * k * 0.5625)) + 1)
         raws = [random_raw(qt, n, k, "cuda", seed=i) for i in range(copies)]
         ps = [build(r, k) for r in raws]
