@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The GPU test suite on the GPU machine (carry .carry): every cuda-marked test, then the model-level
 # decode tests and the prefill GEMM / plane tests (unmarked: they take the GPU when there is one).
-# Logs in $OUT/gpu-tests.log.
+# Each part's whole output goes to $OUT/gpu-tests-<part>.log (so a part stopped by its time limit still
+# shows how far it got and what failed); the last lines of each to $OUT/gpu-tests.log. The limits add up
+# to 540 s, under one device call's 600.
 SYNTH=0 source benchmarks/gpu_setup.sh
-timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda -k "not test_real" 2>&1 | tail -5 | tee "$OUT/gpu-tests.log"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -m "cuda or not cuda" tests/test_decode_neutrality.py \
-  tests/test_kernels_e2e.py 2>&1 | tail -3 | tee -a "$OUT/gpu-tests.log"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m "cuda or not cuda" plugins/mmq_triton/tests/test_mmq_gemm.py \
-  plugins/mmq_triton/tests/test_mmq_planes.py 2>&1 | tail -3 | tee -a "$OUT/gpu-tests.log"
+part() {  # part NAME SECONDS PYTEST-ARGS...
+  local name=$1 secs=$2; shift 2
+  timeout "$secs" python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 "$@" > "$OUT/gpu-tests-$name.log" 2>&1
+  echo "== $name (exit $?)" >> "$OUT/gpu-tests.log"
+  tail -3 "$OUT/gpu-tests-$name.log" >> "$OUT/gpu-tests.log"
+}
+part cuda 280 -m cuda -k "not test_real"
+part model 140 -m "cuda or not cuda" tests/test_decode_neutrality.py tests/test_kernels_e2e.py
+part gemm 120 -m "cuda or not cuda" plugins/mmq_triton/tests/test_mmq_gemm.py plugins/mmq_triton/tests/test_mmq_planes.py
+cat "$OUT/gpu-tests.log"
