@@ -2,14 +2,17 @@
 
     python benchmarks/sass_loop.py [--n 37888 --nt 28] [--configs 8,4,4 16,2,2 ...]
     python benchmarks/sass_loop.py --fused [--configs 16,32,4 64,64,4 ...] [--q6] [--decode float32|bf16x2] [--swap]
+    python benchmarks/sass_loop.py --ws [--q6]
 
 Default, the q4_K int8 decode GEMV: for each ``BN,S,num_warps`` (S = 128-value spans per step) the
 instructions in the main loop's body, its global loads and dp4a instructions, registers per thread,
 and instructions per weight byte per thread. ``--fused``: the fused plane GEMM (prefill and the
 batched engine's row tiles) for each ``BLOCK_M,BLOCK_N,num_warps``: instructions, global loads and
 tensor-core MMAs per K step (one span: 128 values of q4_K, 256 of q6_K), and instructions per weight
-per thread. The kernel is specialized the way Triton specializes it at a launch (pointers and sizes
-divisible by 16 marked so), with ptxas and cuobjdump from the triton wheel.
+per thread. ``--ws``: the warp-specialized GEMM's memory, barrier, fence and MMA instructions in
+program order (where its proxy fence's ``MEMBAR`` lands against the loads ahead). The kernel is
+specialized the way Triton specializes it at a launch (pointers and sizes divisible by 16 marked so),
+with ptxas and cuobjdump from the triton wheel.
 """
 
 from __future__ import annotations
@@ -91,6 +94,41 @@ def fused(configs: list[str], q6: bool, decode: str | None = None, swap: bool = 
               + f", {sum('HGMMA' in x for x in body)} of them wgmma" + (", swapped" if swap else ""))
 
 
+def ws(q6: bool) -> None:
+    """The warp-specialized GEMM (``prefill.gemm_wgmma_ws``) at the routed tile: its global loads, shared
+    stores, barriers, fences and MMAs in program order (repeats folded), to see what a fence waits for.
+    Gluon kernels compile with the device's triton only (3.6 there; later Gluon APIs differ)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from minfer_mmq_triton.prefill import gemm_wgmma_ws as W
+
+    na, wg, stages, p, regs = tiles.WS_TILE
+    fn = W._gemm_ws_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    consts = dict(DL=W._decode_layout(64 * wg, p), WG=wg, STAGES=stages, P=p, REGS=regs, WTYPE=int(q6), SPLIT=1,
+                  HAS_BIAS=False, HAS_RES=False, PDL=False)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    sig = {n: "constexpr" if n in consts else f"tensordesc<fp16[{na},64],{layout!r}>" if n == "x_desc"
+           else ("*fp32" if n in ("bias_ptr", "res_ptr", "y_ptr") else "*i32" if n == "w2_ptr" else "*u8")
+           if n.endswith("_ptr") else "i32" for n in names}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs={})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4 * wg, maxnreg=W.max_regs(wg, p)))
+    cubin = Path("/tmp/minfer_sass_ws.cubin")
+    cubin.write_bytes(c.asm["cubin"])
+    sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+ )?(LDG\S*|STS\S*|MEMBAR\S*|FENCE\S*|BAR\.SYNC\S*"
+                     r"|SYNCS\.\w+|UTMALDG\S*|HGMMA\S*)", sass)
+    runs: list[list] = []
+    for op in ops:
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    print(f"warp-specialized {'q6_K' if q6 else 'q4_K'} tile {tiles.WS_TILE}: {sass.count('MEMBAR')} MEMBAR")
+    print(" ".join(op if n == 1 else f"{op}x{n}" for op, n in runs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=37888, help="rows (default: the 7B's gate|up)")
@@ -102,7 +140,10 @@ def main() -> None:
     ap.add_argument("--decode", choices=("float32", "bf16x2"), default=None,
                     help="with --fused: q4_K's decode (default: the tile's, tiles.fused_bf16_decode)")
     ap.add_argument("--swap", action="store_true", help="with --fused: the weight tile as the MMA's A operand")
+    ap.add_argument("--ws", action="store_true", help="the warp-specialized GEMM's loads, barriers and fences in order")
     args = ap.parse_args()
+    if args.ws:
+        return ws(args.q6)
     if args.fused:
         return fused(args.configs or ["16,32,4", "16,64,4", "64,64,4"], args.q6, args.decode, args.swap)
     args.configs = args.configs or ["8,4,4", "16,2,2", "16,4,4", "32,4,4"]
