@@ -33,6 +33,8 @@ long as the whole, so the decode partition is the bound; 8 decode warps beside o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -48,6 +50,7 @@ from ..launch.rows import reduce_splits
 from .gemm_wgmma import _q4k_scales, _q6k_ptx, _store, outputs, plane_words, stage
 
 
+@functools.cache  # built once: a launch passes it as a constexpr, and building one takes ~20 us of host time
 def _decode_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
     """A span's bytes of ``rows`` weight rows as int32 words ``(row, s, c0, w)`` (bytes ``32 s + 16 c0 +
     4 w ..``) over ``warps`` warps: 4 contiguous words a thread and row (registers), the four 16-byte
@@ -61,6 +64,9 @@ def _decode_layout(rows: int, warps: int) -> gl.DistributedLinearLayout:
     return gl.DistributedLinearLayout(reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2]] + extra, lane_bases=lanes,
                                       warp_bases=warp_bases, block_bases=[], shape=[rows, 2, 2, 4])
 
+
+#: the staged activations' ring slots (the TMA's destination, the MMA's B operand)
+_X_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 # q6_K: the f16x2 decode of ``prefill.gemm_wgmma`` on one word a call (pack=1: each operand once)
 _Q6K = gl.constexpr(_q6k_ptx(("$6", "$7"), "$8"))
@@ -277,8 +283,7 @@ def gemm_wgmma_ws(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int 
     y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
     n = y.shape[1]
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=2 if wtype == 0 else 0)  # _decode_words' K order
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    x_desc = TensorDescriptor.from_tensor(x, [na, 64], layout)
+    x_desc = TensorDescriptor.from_tensor(x, [na, 64], _X_LAYOUT)
     n_tiles = triton.cdiv(m, na) * triton.cdiv(n, 64 * wg) * split
     _gemm_ws_kernel[(min(n_tiles, sm_count(a.device)),)](
         x_desc, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), DL=_decode_layout(64 * wg, p), WG=wg,
