@@ -98,7 +98,6 @@ def ws(q6: bool) -> None:
     """The warp-specialized GEMM (``prefill.gemm_wgmma_ws``) at the routed tile: its global loads, shared
     stores, barriers, fences and MMAs in program order (repeats folded), to see what a fence waits for.
     Gluon kernels compile with the device's triton only (3.6 there; later Gluon APIs differ)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
     from minfer_mmq_triton.prefill import gemm_wgmma_ws as W
 
@@ -107,8 +106,7 @@ def ws(q6: bool) -> None:
     names = list(inspect.signature(fn.fn).parameters)
     consts = dict(DL=W._decode_layout(64 * wg, p), WG=wg, STAGES=stages, P=p, REGS=regs, WTYPE=int(q6), SPLIT=1,
                   HAS_BIAS=False, HAS_RES=False, PDL=False)
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    sig = {n: "constexpr" if n in consts else f"tensordesc<fp16[{na},64],{layout!r}>" if n == "x_desc"
+    sig = {n: "constexpr" if n in consts else f"tensordesc<fp16[{na},64],{W._X_LAYOUT!r}>" if n == "x_desc"
            else ("*fp32" if n in ("bias_ptr", "res_ptr", "y_ptr") else "*i32" if n == "w2_ptr" else "*u8")
            if n.endswith("_ptr") else "i32" for n in names}
     src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs={})
