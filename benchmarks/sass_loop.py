@@ -25,6 +25,7 @@ from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 from minfer_mmq_triton import tiles
 from minfer_mmq_triton.prefill import gemm_planes
@@ -34,21 +35,27 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 INT_PTRS = {"qw_ptr", "sc_ptr", "dm_ptr", "xh_ptr", "xl_ptr", "cnt_ptr"}
 
 
-def compile_sass(fn, consts: dict, sizes: dict, warps: int, ptr_types: dict | None = None) -> tuple[str, int]:
-    """SASS and registers per thread; pointers are ``*i32`` (INT_PTRS), ``ptr_types[name]``, else ``*fp32``."""
+def compile_sass(fn, consts: dict, sizes: dict, warps: int, ptr_types: dict | None = None, types: dict | None = None,
+                 **options) -> tuple[str, int]:
+    """SASS and registers per thread; pointers are ``*i32`` (INT_PTRS), ``ptr_types[name]``, else ``*fp32``;
+    ``types``: any argument's type by name (a Gluon tensor descriptor's); a Gluon kernel compiles as one;
+    ``options``: more compiler options (``maxnreg``)."""
     names = list(inspect.signature(fn.fn).parameters)
     sig = {}
     for n in names:
         if n in consts:
             sig[n] = "constexpr"
+        elif n in (types or {}):
+            sig[n] = types[n]
         elif n.endswith("_ptr"):
             sig[n] = (ptr_types or {}).get(n) or ("*i32" if n in INT_PTRS else "*fp32")
         else:
             sig[n] = "i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or sizes.get(n, 1) % 16 == 0}
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=3))
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else triton.compiler.ASTSource
+    src = source(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=3, **options))
     cubin = Path("/tmp/minfer_sass_loop.cubin")
     cubin.write_bytes(c.asm["cubin"])
     sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
@@ -98,23 +105,13 @@ def ws(q6: bool) -> None:
     """The warp-specialized GEMM (``prefill.gemm_wgmma_ws``) at the routed tile: its global loads, shared
     stores, barriers, fences and MMAs in program order (repeats folded), to see what a fence waits for.
     Gluon kernels compile with the device's triton only (3.6 there; later Gluon APIs differ)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
     from minfer_mmq_triton.prefill import gemm_wgmma_ws as W
 
     na, wg, stages, p, regs = tiles.WS_TILE
-    fn = W._gemm_ws_kernel
-    names = list(inspect.signature(fn.fn).parameters)
     consts = dict(DL=W._decode_layout(64 * wg, p), WG=wg, STAGES=stages, P=p, REGS=regs, WTYPE=int(q6), SPLIT=1,
                   HAS_BIAS=False, HAS_RES=False, PDL=False)
-    sig = {n: "constexpr" if n in consts else f"tensordesc<fp16[{na},64],{W._X_LAYOUT!r}>" if n == "x_desc"
-           else ("*fp32" if n in ("bias_ptr", "res_ptr", "y_ptr") else "*i32" if n == "w2_ptr" else "*u8")
-           if n.endswith("_ptr") else "i32" for n in names}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs={})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4 * wg, maxnreg=W.max_regs(wg, p)))
-    cubin = Path("/tmp/minfer_sass_ws.cubin")
-    cubin.write_bytes(c.asm["cubin"])
-    sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    sass, _ = compile_sass(W._gemm_ws_kernel, consts, {}, 4 * wg, {"w0_ptr": "*u8", "w1_ptr": "*u8", "w2_ptr": "*i32"},
+                           {"x_desc": f"tensordesc<fp16[{na},64],{W._X_LAYOUT!r}>"}, maxnreg=W.max_regs(wg, p))
     ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+ )?(LDG\S*|STS\S*|MEMBAR\S*|FENCE\S*|BAR\.SYNC\S*"
                      r"|SYNCS\.\w+|UTMALDG\S*|HGMMA\S*)", sass)
     runs: list[list] = []

@@ -258,20 +258,20 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
 
     def fn(act: Activation, residual=None, out_bf16: bool = False):
         plane = weight.planes.get(key)
-        out = {"out_dtype": torch.bfloat16} if out_bf16 else {}
+        dt = torch.bfloat16 if out_bf16 else torch.float32
         if plane is not None and wgmma and act.rows <= tiles.WGMMA_MAX_ROWS:
             from .prefill.gemm_wgmma import gemm_wgmma
             return gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
-                              residual=residual, **out)
+                              residual=residual, out_dtype=dt)
         if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
             tile = tiles.async_tile(qt)
             return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k, tile),
-                                    pdl=pdl, residual=residual, tile=tile, **out)
+                                    pdl=pdl, residual=residual, tile=tile, out_dtype=dt)
         if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
             return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,
-                                 residual=residual, **out)
+                                 residual=residual, out_dtype=dt)
         if plane is not None and tiles.use_fused(act.rows, n, k):
             y = gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
             return y if residual is None else residual + y
