@@ -12,7 +12,8 @@ in bf16 (the other passes return float32).
   activation producers fused), the decode kernels below. The fastest for one sequence; a row's
   bits may depend on how many rows there are.
 - :class:`DecodeMatmuls`: one row on the decode kernels, norm / SwiGLU / residual fused into them
-  as each candidate declares.
+  as each candidate declares (``bf16_out`` asks a fused gate|up kernel for its SwiGLU forms,
+  ``Candidate.fuses`` ``"glu_out"``).
 - :class:`BatchMatmuls`: a batched step's rows, each of whose bits must not depend on the others:
   the plan's row-invariant kernels (``plan.batch``) over all rows, else fixed tiles of ``tile``
   rows (padded).
@@ -73,8 +74,8 @@ class PromptMatmuls(Matmuls):
 class DecodeMatmuls(Matmuls):
     def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
         rt = self.rt
-        if norm is not None and residual is None and not swiglu:
-            return rt.decode_normed(names, x, norm)
+        if norm is not None and residual is None and not swiglu:  # bf16_out: the products feed only the SwiGLU
+            return rt.decode_normed(names, x, norm, glu_out=bf16_out)
         return [rt.decode_linear(n, x, residual=residual, norm=norm, swiglu=swiglu) for n in names]
 
 

@@ -110,11 +110,13 @@ class Runtime:
         return ys[0] if len(ys) == 1 else torch.cat(ys)
 
     def decode_linear(self, name: str, x, residual: torch.Tensor | None = None,
-                      norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
+                      norm: tuple | None = None, swiglu: bool = False, glu_out: bool = False):
         """Single-token ``[residual +] f(x) @ W.T`` where ``f`` is an optional RMSNorm (``norm=(w,
         eps)``) or SwiGLU; each piece runs inside the kernel when its candidate ``fuses`` it. ``x``:
-        f32 rows, or an :class:`Activation` whose ``forms`` the candidate may read."""
-        return self._fused(self.plan.decode[name], x, residual, norm, swiglu)
+        f32 rows, or an :class:`Activation` whose ``forms`` the candidate may read. ``glu_out``: the
+        product feeds only the SwiGLU; a candidate that ``fuses`` ``"glu_out"`` then returns an
+        Activation whose forms hold ``silu(g) * u`` for the down projection's candidate."""
+        return self._fused(self.plan.decode[name], x, residual, norm, swiglu, glu_out)
 
     def batch_linear(self, name: str, x: torch.Tensor, residual: torch.Tensor | None = None,
                      norm: tuple | None = None, swiglu: bool = False) -> torch.Tensor:
@@ -122,11 +124,11 @@ class Runtime:
         kernel (``plan.batch``; only for weights that have one)."""
         return self._fused(self.plan.batch[name], x, residual, norm, swiglu)
 
-    def _fused(self, c, x, residual, norm, swiglu) -> torch.Tensor:
-        kw = {}
-        if isinstance(x, Activation):  # the forms of x the candidate reads, when it multiplies x itself
-            forms = {f: x.forms[f] for f in c.reads if f in x.forms}
-            if forms and norm is None and not swiglu:
+    def _fused(self, c, x, residual, norm, swiglu, glu_out=False):
+        kw = {"glu_out": True} if glu_out and residual is None and "glu_out" in c.fuses else {}
+        if isinstance(x, Activation):  # the forms of x the candidate reads (it knows which are of x and
+            forms = {f: x.forms[f] for f in c.reads if f in x.forms}  # which of its SwiGLU)
+            if forms and norm is None and (not swiglu or "swiglu" in c.fuses):
                 kw["forms"] = forms
             x = x.f32
         if norm is not None:
@@ -145,13 +147,15 @@ class Runtime:
         y = self._run(c, x, **kw)
         return y if residual is None else residual + y
 
-    def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple) -> list[torch.Tensor]:
+    def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple, glu_out: bool = False) -> list:
         """``x @ W.T`` of each weight for ``x = rmsnorm(h)``: fused into every kernel when all of
-        them can, else one RMSNorm launch shared by all."""
+        them can, else one RMSNorm launch shared by all. ``glu_out``: as :meth:`decode_linear`
+        (asked of a single fused ``[gate | up]`` weight only)."""
+        glu_out = glu_out and len(names) == 1
         if all("rmsnorm" in self.plan.decode[n].fuses for n in names):
-            return [self.decode_linear(n, h, norm=norm) for n in names]
+            return [self.decode_linear(n, h, norm=norm, glu_out=glu_out) for n in names]
         a = self._run(self.dec_rmsnorm, h, *norm)
-        return [self.decode_linear(n, a) for n in names]
+        return [self.decode_linear(n, a, glu_out=glu_out) for n in names]
 
     def produce(self, x: torch.Tensor) -> Activation:
         """Wrap an f32 activation for its consumers (the prepass writes the plane once)."""

@@ -48,10 +48,10 @@ class Activation:
     ``plane``: the layout the plane-family GEMMs read (bf16 ``(M, K)``), written once per
     producer when a chosen prefill consumer reads it (a ``Candidate`` whose ``reads`` holds
     ``"plane"``); absent otherwise.
-    ``forms``: other layouts of the same rows, by name, that the kernel producing them wrote on
-    the way (the decode attention's output in a plugin's quantized layout). The core hands a
-    decode matmul ``forms=`` the ones its candidate's ``reads`` names; every other consumer
-    reads ``f32``.
+    ``forms``: other layouts of the same rows (or of ``silu(g) * u`` of them), by name, that the kernel
+    producing them wrote on the way (the decode attention's output in a plugin's quantized layout, the
+    gate|up GEMV's SwiGLU). The core hands a decode matmul ``forms=`` the ones its candidate's ``reads``
+    names; every other consumer reads ``f32``.
     """
 
     f32: Optional[torch.Tensor]
@@ -80,7 +80,10 @@ class Candidate:
     launches: ``"residual"``: ``fn(x, residual=r)`` returns ``r + x @ W.T (+ b)`` (decode and
     prefill matmuls; ``r`` float32 ``(M, N)``, contiguous); (decode matmuls) ``"rmsnorm"``: ``fn(h,
     norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight; ``"swiglu"``: ``fn(gu,
-    swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``; (prefill matmuls) ``"bf16_out"``:
+    swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``; ``"glu_out"`` (a ``[gate | up]``
+    weight): ``fn(x, glu_out=True)`` returns an :class:`Activation`, ``f32`` the product and ``forms``
+    also holding ``silu(g) * u`` of it in the plugin's layouts (asked when the product feeds only the
+    SwiGLU; the down projection's candidate gets them with ``swiglu=True``); (prefill matmuls) ``"bf16_out"``:
     ``fn(act, out_bf16=True)`` may return its product rounded to bf16 (asked only of products that
     feed the SwiGLU producer alone, which reads either dtype: half the bytes written and read back);
     (prefill attention) ``"plane"``: ``fn(q, k, v, start, plane=True)`` returns the output as an
@@ -88,7 +91,8 @@ class Candidate:
     The core does whatever a candidate does not fuse itself.
     ``reads`` (prefill matmuls): the layouts of the activation ``fn`` reads (``"f32"``, ``"plane"``);
     (decode matmuls): the names of :attr:`Activation.forms` that ``fn(x, forms={name: data})`` can
-    take in place of quantizing ``x`` itself.
+    take in place of quantizing ``x`` itself (also with ``swiglu=True``: a form's name says whether it
+    holds ``x`` or ``silu(g) * u`` of it).
     ``reads_raw``: whether ``fn`` reads ``weight.raw`` when it runs. When none of a weight's chosen
     kernels does, the core releases the raw bytes after planning (planes replace them).
     ``small_tiles`` (prefill matmuls): the kernel's time keeps falling with the row count down to 16

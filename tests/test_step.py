@@ -133,6 +133,42 @@ def test_decode_attention_forms_reach_only_the_matmuls_that_read_them(smollm):
     assert seen == [(torch.Tensor, {"test.form": ("marker", q_dim)})]  # layer 0's o; the others got f32 alone
 
 
+def test_a_gate_up_glu_form_reaches_the_down_matmul(smollm):
+    """A decode gate|up candidate that ``fuses`` ``"glu_out"`` is asked for it (its product feeds only the
+    SwiGLU) and may return an ``Activation`` whose forms hold ``silu(g) * u``; the core hands those the
+    down candidate ``reads`` to it with ``swiglu=True``, and the logits stay those of the plain step."""
+    model = smollm.model
+    rt = model.rt
+    ids = torch.tensor(smollm.tok.encode("one two three", add_special=True))
+    pos = torch.tensor([len(ids)])
+    model.prompt(ids, 0)
+    plain = model.decode_step(ids[-1:], pos)
+
+    gu_name, down_name = "blk.0.ffn_gate_up", "blk.0.ffn_down"
+    gu, down, seen = rt.plan.decode[gu_name], rt.plan.decode[down_name], []
+
+    def gu_fn(x, glu_out=False, **kw):
+        y = gu.fn(x, **kw)
+        seen.append(("gate_up", glu_out))
+        return Activation(y, forms={"test.glu": ("marker", y.shape[1] // 2)}) if glu_out else y
+
+    def down_fn(x, swiglu=False, forms=None, **kw):
+        seen.append(("down", swiglu, forms))
+        g, u = x.chunk(2, dim=-1)
+        return down.fn(F.silu(g) * u, **kw)
+
+    rt.plan.decode[gu_name] = dataclasses.replace(gu, fn=gu_fn, fuses=gu.fuses + ("glu_out",))
+    rt.plan.decode[down_name] = dataclasses.replace(down, fn=down_fn, fuses=("swiglu",),
+                                                    reads=("f32", "test.glu"))
+    try:  # the same step again: it rewrites the same cache row
+        got = model.decode_step(ids[-1:], pos)
+    finally:
+        rt.plan.decode[gu_name], rt.plan.decode[down_name] = gu, down
+    assert torch.equal(got, plain)
+    ffn = model.cfg.n_ff
+    assert seen == [("gate_up", True), ("down", True, {"test.glu": ("marker", ffn)})]
+
+
 def test_a_prefill_matmul_that_fuses_the_residual_is_handed_it(smollm):
     """A prefill candidate whose ``fuses`` holds ``"residual"`` gets the block's residual
     (``fn(act, residual=r)``) and returns ``r + x @ W.T`` itself; one without it never sees the

@@ -22,7 +22,11 @@ the row over several programs (``launch.split``, deterministic). ``tiles`` holds
 Fused pieces (``Candidate.fuses``, keyword arguments of ``fn``): every GEMV of a weight without a
 bias adds ``residual=`` in its epilogue; every GEMV takes ``swiglu=True`` (x is ``[g | u]``), done
 by the kernel that quantizes x (int8) or as the float kernels load x (``launch.prologue``); the
-int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizing kernel.
+int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizing kernel. The
+tensor-core GEMV of a q4_K ``gate_up`` weight takes ``glu_out=True``: it returns an ``Activation``
+whose ``forms`` also hold ``silu(g) * u`` of its product in ``quant_x.GLU_FORM``, written by its own
+epilogue, which the tensor-core GEMVs of the down projection read (``fn(gu, swiglu=True, forms=...)``)
+in place of quantizing ``gu``: one launch fewer a layer.
 
 On CUDA (compute capability 8.0+) the q4_K and q6_K weights that take the int8 path run on tensor
 cores instead (``q4_k.gemv_mma``, ``q6_k.gemv_mma``, MODE 3: same two-digit x, same exact integer
@@ -41,15 +45,15 @@ from typing import Callable, Optional
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from minfer_core.weights import Candidate, Weight
+from minfer_core.weights import Activation, Candidate, Weight
 
 from . import planes
 from .families import INT8, KQUANTS, SERVED
 from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
-from .ops.quant_x import FORM
+from .ops.quant_x import FORM, GLU_FORM
 from .q6_k.plane import pack_q6k
-from .tiles import decode_config
+from .tiles import decode_config, glu_fits
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15
@@ -93,24 +97,36 @@ def prepare(weight: Weight):
     return plane
 
 
-def fuses(config: tuple, bias) -> tuple[str, ...]:
-    """What ``fn`` fuses besides the matmul (see the module docstring) under ``config``."""
+def fuses(config: tuple, bias, glu: bool = False) -> tuple[str, ...]:
+    """What ``fn`` fuses besides the matmul (see the module docstring) under ``config``; ``glu``: it can
+    write ``quant_x.GLU_FORM`` (:func:`writes_glu`)."""
     mode = config[3] if len(config) > 3 else 0
     out = () if bias is not None else ("residual",)
-    return out + (("rmsnorm", "swiglu") if mode in (2, 3) else ("swiglu",))
+    return out + (("rmsnorm", "swiglu") if mode in (2, 3) else ("swiglu",)) + (("glu_out",) if glu else ())
+
+
+def writes_glu(qt, config: tuple, n: int, bias, role: str) -> bool:
+    """Whether the GEMV of a ``gate_up`` weight writes ``silu(g) * u`` too (``fn(x, glu_out=True)``): the
+    q4_K tensor-core GEMV, no bias, a tiling that pairs whole blocks of gate and up rows."""
+    if role != "gate_up" or bias is not None or QT(qt) != QT.Q4_K or len(config) < 5 or config[3] != 3:
+        return False
+    bn, _, warps, _, split = config[:5]
+    return glu_fits(n, bn // (16 * warps), warps, split)
 
 
 def reads_forms(config: tuple) -> tuple[str, ...]:
     """What ``fn`` reads of an activation (``Candidate.reads``): x, and under MODE 3 x already in
-    ``quant_x.FORM`` (``fn(x, forms={FORM: ...})``, from the decode attention)."""
-    return ("f32", FORM) if len(config) > 3 and config[3] == 3 else ("f32",)
+    ``quant_x.FORM`` (``fn(x, forms={FORM: ...})``, from the decode attention) or, for ``swiglu=True``,
+    ``silu(g) * u`` in ``quant_x.GLU_FORM`` (from the gate|up GEMV)."""
+    return ("f32", FORM, GLU_FORM) if len(config) > 3 and config[3] == 3 else ("f32",)
 
 
 def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
               config: Optional[tuple] = None, role: str = "",
               pdl: bool = False) -> Callable[..., torch.Tensor]:
     """``fn(x (M, K) f32, residual=None, norm=None, swiglu=False) -> (M, n) f32`` over prepared
-    ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves.
+    ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves
+    (``glu_out`` for a ``gate_up`` weight under :func:`writes_glu`: an ``Activation`` then).
     ``pdl``: launch with programmatic dependent launch (``launch.pdl``; CUDA, compute capability 9.0+).
 
     ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])`` (MODE 3: LOOKAHEAD in place of
@@ -139,9 +155,9 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
 
         tiles = bn // (16 * warps)
         if qt == QT.Q4_K:
-            def run(x, res, norm, swiglu, xq=None):
+            def run(x, res, norm, swiglu, xq=None, glu=False):
                 return gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
-                                    lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq)
+                                    lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq, glu=glu)
         else:
             def run(x, res, norm, swiglu, xq=None):
                 return gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl, xq=xq)
@@ -175,21 +191,30 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
             return gemv_legacy(x, data, name, bias, bn, bb, warps, split, scratch, res, pdl, prefetch,
                                            swiglu)
 
-    fused = fuses(config, bias)
+    fused = fuses(config, bias, writes_glu(qt, config, n, bias, role))
     reads = reads_forms(config)
 
     def fn(x: torch.Tensor, residual: Optional[torch.Tensor] = None, norm: Optional[tuple] = None,
-           swiglu: bool = False, forms: Optional[dict] = None) -> torch.Tensor:
+           swiglu: bool = False, forms: Optional[dict] = None, glu_out: bool = False):
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.float().contiguous()
         if norm is not None and "rmsnorm" not in fused:
             raise ValueError("this GEMV does not fuse RMSNorm (see fn.fuses)")
         if norm is not None and swiglu:
             raise ValueError("a GEMV applies RMSNorm or SwiGLU to x, not both")
+        if glu_out and ("glu_out" not in fused or residual is not None):
+            raise ValueError("this GEMV does not write silu(g) * u (see fn.fuses), nor with a residual")
         res = residual if "residual" in fused else None
         res = None if res is None else res.float().contiguous()
-        xq = (forms or {}).get(FORM) if norm is None and not swiglu and FORM in reads else None
-        y = run(x, res, norm, swiglu) if xq is None else run(x, res, norm, swiglu, xq=xq)
+        name = GLU_FORM if swiglu else FORM
+        xq = (forms or {}).get(name) if norm is None and name in reads else None
+        if glu_out:
+            y, form = run(x, res, norm, swiglu, glu=True)
+            return Activation(y, forms={GLU_FORM: form})
+        if xq is not None:  # x already quantized (and SwiGLU applied): the kernel reads the form alone
+            y = run(x, res, None, False, xq=xq)
+        else:
+            y = run(x, res, norm, swiglu)
         return y if residual is None or res is not None else y + residual
 
     fn.scratch = scratch  # split-K buffers (tests check the counters return to zero)
@@ -213,7 +238,7 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
         return []
     label = f"mmq.gemv.{qt.name.lower()}"
     config = decode_config(qt, weight.n_out, weight.n_in, weight.role, mma_enabled(ctx))
-    fused = fuses(config, weight.bias)
+    fused = fuses(config, weight.bias, writes_glu(qt, config, weight.n_out, weight.bias, weight.role))
     pdl = pdl_enabled(ctx)
     raw = qt == QT.Q5_K  # the only type whose GEMV reads the GGUF bytes at run time
     has_plane = planes.KEY_DECODE in weight.planes or (qt == QT.Q4_K and planes.KEY_Q4K in weight.planes)
@@ -225,9 +250,10 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
                 if weight.raw is None and (raw or not has_plane):
                     raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
                 state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config,
-                                        pdl=pdl)
+                                        role=weight.role, pdl=pdl)
             return state["fn"](x, **kw)
 
         return [Candidate(PLUGIN, label, lazy, fuses=fused, reads=reads_forms(config))]
-    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config, pdl=pdl)
+    fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config, role=weight.role,
+                   pdl=pdl)
     return [Candidate(PLUGIN, label, fn, fuses=fused, reads=fn.reads, reads_raw=raw)]

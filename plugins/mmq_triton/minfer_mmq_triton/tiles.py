@@ -313,6 +313,14 @@ def mma_config(qt, n: int) -> tuple[int, ...]:
     return bn, 4 if qt == QT.Q4_K else MMA_Q6K_BLOCKS, MMA_WARPS, 3, split, 0
 
 
+def glu_fits(n: int, tiles: int, num_warps: int, split: int) -> bool:
+    """Whether the q4_K MMA GEMV of a ``[gate | up]`` weight of ``n`` rows can also write ``silu(g) * u``
+    (``q4_k.gemv_mma``'s GLU) under this tiling: no split, and each program's half of gate rows (and of
+    up rows) whole 32-value blocks of it."""
+    half = 8 * tiles * num_warps
+    return split == 1 and half % 32 == 0 and n % 2 == 0 and (n // 2) % half == 0
+
+
 def _legacy_size(nbytes: int) -> str:
     return "small" if nbytes < (2 << 20) else "mid" if nbytes < (64 << 20) else "big"
 

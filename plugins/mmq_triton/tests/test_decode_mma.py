@@ -180,3 +180,48 @@ def test_mma_gemv_reads_the_attention_output_form(qtype):
     y = fn(x, residual=res)
     torch.testing.assert_close(y_form, y, rtol=1e-5, atol=1e-5 * y.abs().max().item())
     assert check(y_form - res, x, dequantize(w.raw, qtype, k).double(), None) < TOL_I8
+
+
+@pytest.mark.parametrize("down_type", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_gate_up_gemv_writes_the_swiglu_form_for_down(make_ctx, down_type):
+    """The 7B's gate|up GEMV asked for ``glu_out`` returns its product with the same bits as without it
+    (its programs pair gate and up rows instead of taking a run of rows) and ``silu(g) * u`` of that
+    product in ``quant_x.GLU_FORM``: the quantizer's block scales and digits for the same values (a
+    digit pair off by at most one unit of the low digit where ``silu`` rounds differently), its 16-value
+    sums to float rounding. The down GEMV handed that form gives gguf's answer within TOL_I8, with the
+    residual and M = 1 and 3."""
+    from minfer_core.dequant import dequantize
+    from minfer_core.weights import Activation
+    from minfer_mmq_triton import decode
+    from minfer_mmq_triton.ops.quant_x import GLU_FORM, quantize_x
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    ff, e = 18944, 3584
+    gu_w = make_weight(QT.Q4_K, 2 * ff, e, gen, device="cuda")
+    gu_w.role = "gate_up"
+    down_w = make_weight(down_type, e, ff, gen, device="cuda")
+    down_w.role = "down"
+    ctx = make_ctx()
+    (gu_c,) = decode.decode_candidates(gu_w, ctx)
+    (down_c,) = decode.decode_candidates(down_w, ctx)
+    assert "glu_out" in gu_c.fuses and GLU_FORM in down_c.reads
+    down64 = dequantize(down_w.raw, down_type, ff).double()
+    for m in (1, 3):
+        h = torch.randn(m, e, generator=gen, device="cuda") * 3
+        nw, eps = torch.rand(e, generator=gen, device="cuda") + 0.5, 1e-6
+        act = gu_c.fn(h, norm=(nw, eps), glu_out=True)
+        assert isinstance(act, Activation) and set(act.forms) == {GLU_FORM}
+        assert torch.equal(act.f32, gu_c.fn(h, norm=(nw, eps)))
+        xh, xl, xs, x16 = (t.view(m, -1) for t in act.forms[GLU_FORM])
+        wh, wl, ws, w16 = (t.view(m, -1) for t in quantize_x(act.f32, swiglu=True))
+        torch.testing.assert_close(xs, ws, rtol=1e-6, atol=0)
+        got = xh.view(torch.int8).int() * 256 + xl.view(torch.int8).int()
+        want = wh.view(torch.int8).int() * 256 + wl.view(torch.int8).int()
+        assert (got - want).abs().max().item() <= 1
+        torch.testing.assert_close(x16, w16, rtol=1e-5, atol=1e-5 * w16.abs().max().item())
+        g, u = act.f32.double().chunk(2, dim=-1)
+        res = torch.randn(m, e, generator=gen, device="cuda")
+        y = down_c.fn(act.f32, swiglu=True, residual=res, forms=act.forms)
+        assert check(y - res, (g * torch.sigmoid(g) * u).float(), down64, None) < TOL_I8
+        plain = down_c.fn(act.f32, swiglu=True, residual=res)
+        torch.testing.assert_close(y, plain, rtol=1e-5, atol=1e-5 * plain.abs().max().item())

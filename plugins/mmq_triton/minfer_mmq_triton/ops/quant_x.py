@@ -28,6 +28,10 @@ QUANT_BLOCKS = 32  # 32-value blocks per quantizer program
 #: The name of this layout (:func:`quantize_x` without ``rows``) among an activation's ``forms``: the
 #: decode attention writes its output in it too (``ops.attention``), for the GEMVs that read it.
 FORM = "mmq.q8x2"
+#: :data:`FORM`'s layout of ``silu(g) * u`` for an activation ``[g | u]`` (what :func:`quantize_x` with
+#: ``swiglu`` writes): the gate|up GEMV writes it beside its product (``q4_k.gemv_mma``'s GLU), for the down
+#: projection's GEMV.
+GLU_FORM = "mmq.q8x2.glu"
 
 
 @triton.jit

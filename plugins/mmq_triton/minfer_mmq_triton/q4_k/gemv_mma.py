@@ -37,7 +37,8 @@ from triton.experimental.gluon import language as gl
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
-from ..ops.quant_x import quantize_x
+from ..ops.quant_x import as_words, form_buffers, quantize_x, two_digits
+from ..tiles import glu_fits
 from .plane import Q4KPlane
 
 _MMA4 = gl.constexpr("""{
@@ -91,14 +92,56 @@ def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, 
 
 
 @gluon.jit
+def _tile_row(i, pid, N, BN: gl.constexpr, TILES: gl.constexpr, GLU: gl.constexpr):
+    """First weight row of tile ``i`` of program ``pid`` (``TILES`` 16-row tiles a program): the
+    program's ``BN`` rows in a run, or under GLU its first half of tiles in the gate rows
+    ``[0, N / 2)`` and its second half at the same place in the up rows ``[N / 2, N)``."""
+    if GLU:
+        return (i // (TILES // 2)) * (N // 2) + pid * (BN // 2) + (i % (TILES // 2)) * 16
+    else:
+        return pid * BN + i * 16
+
+
+@gluon.jit
+def _store_glu(y, xm, pid, K, oh_ptr, ol_ptr, os_ptr, o16_ptr, TILES: gl.constexpr):
+    """``silu(g) * u`` of a GLU program's sums ``y`` [W, T, 8, 2] (gate rows in its first half of
+    tiles, the matching up rows in the second) as blocks of ``quant_x.FORM`` of activation row ``xm``
+    (a row of ``K`` values): the digits of ``quant_x.two_digits``, the block scale, the 16-value sums."""
+    W: gl.constexpr = gl.num_warps()
+    HALF: gl.constexpr = TILES * 8  # values of silu(g) * u
+    NB: gl.constexpr = HALF // 32
+    # value (tile i, g, h) is row 16 (i % (TILES / 2)) + 8 h + g of the gate (i < TILES / 2) or up half
+    yg = gl.permute(gl.reshape(y, [2, TILES // 2, 8, 2]), [1, 3, 2, 0])
+    LP: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [W, 1], [1, 0])
+    g, u = gl.split(gl.convert_layout(gl.reshape(yg, [HALF, 2]), LP))
+    v = g * (1.0 / (1.0 + gl.exp(-g))) * u
+    LB: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 2, 16], [W, 1, 1], [2, 1, 0])
+    v = gl.convert_layout(gl.reshape(v, [NB, 2, 16]), LB)
+    amax = gl.max(gl.max(gl.abs(v), axis=2), axis=1)
+    h, lo = two_digits(v, amax)
+    blk = pid * NB + ax(NB, 0, 3, LB)
+    off = xm.to(gl.int64) * K + blk * 32 + ax(2, 1, 3, LB) * 16 + ax(16, 2, 3, LB)
+    gl.store(oh_ptr + off, h.to(gl.int8))
+    gl.store(ol_ptr + off, lo.to(gl.int8))
+    LS: gl.constexpr = gl.SliceLayout(2, LB)
+    s16 = gl.sum(v, axis=2)  # [NB, 2]
+    gl.store(o16_ptr + xm.to(gl.int64) * (K // 16) + (pid * NB + ax(NB, 0, 2, LS)) * 2 + ax(2, 1, 2, LS), s16)
+    LA: gl.constexpr = gl.SliceLayout(1, LS)
+    gl.store(os_ptr + xm.to(gl.int64) * (K // 32) + pid * NB + gl.arange(0, NB, layout=LA), amax / 127.0)
+
+
+@gluon.jit
 def _gemv_q4p_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    oh_ptr, ol_ptr, os_ptr, o16_ptr,
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans.
-    LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both)."""
+    LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
+    GLU (a ``[gate | up]`` weight, SPLIT 1, no bias): the program's tiles pair gate and up rows
+    (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -115,7 +158,7 @@ def _gemv_q4p_mma_kernel(
     # quant words: lane (g, c) reads words 4c .. 4c + 3 of rows g and g + 8 of each tile, S spans
     aw, at, asp = ax(W, 0, 6, L6), ax(T, 1, 6, L6), ax(S, 2, 6, L6)
     ag, ac, ae = ax(8, 3, 6, L6), ax(4, 4, 6, L6), ax(4, 5, 6, L6)
-    row_g = pid * BN + (aw * T + at) * 16 + ag
+    row_g = _tile_row(aw * T + at, pid, N, BN, W * T, GLU) + ag
     qa_off = gl.minimum(row_g, N - 1).to(gl.int64) * (NT * 16) + asp * 16 + ac * 4 + ae
     qb_off = gl.minimum(row_g + 8, N - 1).to(gl.int64) * (NT * 16) + asp * 16 + ac * 4 + ae
     # B: lane (g, c) holds digit g % 2 of x's run at word 4c (+ 16: high sub-blocks) of each span
@@ -128,7 +171,7 @@ def _gemv_q4p_mma_kernel(
     # scale words per (row half, span, lane's sub-block c): [W, T, S, 8, 4, 2]
     hw, ht, hsp = ax(W, 0, 6, LH), ax(T, 1, 6, LH), ax(S, 2, 6, LH)
     hg, hc, hh = ax(8, 3, 6, LH), ax(4, 4, 6, LH), ax(2, 5, 6, LH)
-    r_h = gl.minimum(pid * BN + (hw * T + ht) * 16 + hg + 8 * hh, N - 1).to(gl.int64)
+    r_h = gl.minimum(_tile_row(hw * T + ht, pid, N, BN, W * T, GLU) + hg + 8 * hh, N - 1).to(gl.int64)
     sc_off = r_h * (NT * 2) + hsp * 2 + hc // 2  # word 2t + c // 2 holds sub-block 4t + c
     sc_shift = (hc % 2) * 16
     dm_off = r_h * (NT // 2)
@@ -168,16 +211,22 @@ def _gemv_q4p_mma_kernel(
         if LOOKAHEAD:
             cur = nxt
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
-    rows = pid * BN + (ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY)) * 16 + ax(8, 2, 4, LY) + 8 * ax(2, 3, 4, LY)
+    rows = _tile_row(ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY), pid, N, BN, W * T, GLU) + ax(8, 2, 4, LY) \
+        + 8 * ax(2, 3, 4, LY)
     store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
                HAS_BIAS, SPLIT)
+    if GLU:
+        _store_glu(y, xm, pid, N // 2, oh_ptr, ol_ptr, os_ptr, o16_ptr, W * T)
+
 
 def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False, lookahead: bool = False, xq: tuple | None = None) -> torch.Tensor:
+                 pdl: bool = False, lookahead: bool = False, xq: tuple | None = None, glu: bool = False):
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (the contract of ``q4_k.gemv.gemv_q4p`` with
     ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``xq``: x already in
-    ``quant_x.FORM`` (as ``quantize_x`` returns it; no norm or SwiGLU then)."""
+    ``quant_x.FORM`` (as ``quantize_x`` returns it; no norm or SwiGLU then). ``glu`` (a ``[gate | up]``
+    weight, :func:`glu_fits`; no bias, residual or split): returns ``(y, form)``, ``form`` being
+    ``silu(g) * u`` of ``y``'s halves in ``quant_x.FORM``, written by the same kernel."""
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
@@ -186,10 +235,16 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl) if xq is None else xq
     qw32, sc32, dm32 = plane.words()
+    if glu:
+        assert glu_fits(n, tiles, num_warps, split) and not has_bias, "GLU: whole row pairs, no bias, no split"
+        form = form_buffers(m, n // 2, x.device)
+    else:
+        form = (y, y, y, y)  # not written
     extra = {"launch_pdl": True} if pdl else {}
     _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](
-        xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt,
+        xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form,
         n, nt, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
-        PDL=pdl, num_warps=num_warps, **extra)
-    return y
+        PDL=pdl, GLU=glu, num_warps=num_warps, **extra)
+    return (y, as_words(*form)) if glu else y
+
