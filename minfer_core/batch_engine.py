@@ -249,8 +249,7 @@ class BatchEngine:
     def submit(self, req: Request) -> str:
         """Queue a request; its id. Raises QueueFull, or UserError for a prompt that cannot run."""
         n = len(req.prompt_ids)
-        if n == 0:
-            raise UserError("the prompt is empty")
+        self.engine.check_ids(req.prompt_ids)
         if n >= self.n_ctx:
             raise UserError(f"the prompt is {n} tokens, the context is {self.n_ctx}: shorten it or raise -c")
         seq = Sequence(req.id, list(req.prompt_ids), n, order=next(self._order), data=_Live(req, self.tok))

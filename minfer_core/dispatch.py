@@ -29,7 +29,7 @@ __all__ = ["Plan", "FuseChoice", "BackendError", "build_plan", "make_context", "
 ATTENTION_PHASES = PHASES + ("paged_decode", "paged_prefill")
 PRODUCERS = ("rmsnorm", "swiglu")  # fused under fuse mode 1/2: hooks minfer_<kind>_candidates
 PREPASS = "prepass"
-DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv", "argmax")  # decode-side ops: the decode order, no gate
+DECODE_OPS = ("decode_rmsnorm", "decode_rope_kv", "argmax", "embed")  # decode-side ops: the decode order, no gate
 PREFILL_OPS = ("prefill_rope_kv",)  # multi-row fused ops: the prefill order, no gate
 STEPS = ("decode_step", "prefill_step", "batch_step")  # whole steps a plugin may wrap (minfer_wrap_<step>)
 

@@ -199,9 +199,20 @@ class Engine:
     def reset(self) -> None:
         self.cached = []
 
+    def check_ids(self, ids: Sequence[int]) -> None:
+        """UserError for an empty list or a token id outside the embedding table (which no kernel reads
+        past)."""
+        if len(ids) == 0:
+            raise UserError("the prompt is empty")
+        v = self.model.cfg.vocab_size
+        lo, hi = min(ids), max(ids)
+        if lo < 0 or hi >= v:
+            raise UserError(f"token id {lo if lo < 0 else hi} is outside the vocabulary (0 .. {v - 1})")
+
     def prefill(self, ids: Sequence[int], all_logits: bool = False) -> torch.Tensor:
         """Bring the cache to ``ids`` (reusing the longest cached prefix); logits of the last token
-        (or of every new token with ``all_logits``)."""
+        (or of every new token with ``all_logits``). UserError for ids outside the vocabulary."""
+        self.check_ids(ids)
         n = 0
         for a, b in zip(self.cached, ids):
             if a != b:
@@ -232,6 +243,7 @@ class Engine:
 
     def decode(self, token: int) -> torch.Tensor:
         """Feed one token at the next position; logits (vocab,)."""
+        self.check_ids([token])
         pos = len(self.cached)
         if pos >= self.model.n_ctx:
             raise ValueError("context full")

@@ -154,6 +154,15 @@ def minfer_argmax_candidates(ctx):
 
 
 @hookspec
+def minfer_embed_candidates(ctx):
+    """Offer the token embedding lookup: ``fn(table, qtype, n_cols, tokens) -> f32 (T, n_cols)``, rows
+    ``tokens`` ((T,) int64 on the device, never read on the host) of the GGUF embedding table's raw
+    blocks ``table`` (vocab, row_bytes) uint8 of type ``qtype``, dequantized as gguf does (float32
+    arithmetic; any type the reference dequantizes). Every pass embeds through it. Ranked by the
+    policy's ``decode`` order; no gate. The reference backend offers the core's dequantizer."""
+
+
+@hookspec
 def minfer_prefill_rope_kv_candidates(ctx):
     """Offer the prompt's RoPE + KV write:
     ``fn(q, k, v, cos, sin, k_cache, v_cache, start, neox) -> q (T, H, D)`` rotates q ``(T, H, D)``

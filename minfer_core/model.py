@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from .model_config import ModelConfig
-from .dequant import dequantize
 from .loader import ModelParams
 from .matmuls import PREFILL_ROWS, DecodeMatmuls, PromptMatmuls, row_tiles
 from .step import ContiguousPrompt, ContiguousToken, Step
@@ -68,7 +67,11 @@ class Runtime:
         self.producers = plan.producers  # 'rmsnorm', 'swiglu', 'prepass' (only those in force)
         self.dec_rmsnorm = plan.decode_ops["decode_rmsnorm"]  # single-token ops (decode order, no gate)
         self.dec_rope_kv = plan.decode_ops["decode_rope_kv"]
+        self.embed_op = plan.decode_ops["embed"]
         self.pre_rope_kv = plan.prefill_ops["prefill_rope_kv"]  # RoPE + KV write of a prompt's rows
+
+    def embed(self, table: torch.Tensor, qtype, n_cols: int, tokens: torch.Tensor) -> torch.Tensor:
+        return self._run(self.embed_op, table, qtype, n_cols, tokens)
 
     def _run(self, kernel, *args, **kw):
         self.counts[kernel.label] += 1
@@ -195,7 +198,8 @@ class Transformer:
 
     # -- pieces ----------------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.p.tok_embd[tokens], self.p.tok_embd_type, self.cfg.n_embd)
+        """Rows ``tokens`` of the embedding table, float32 (the plan's embed op)."""
+        return self.rt.embed(self.p.tok_embd, self.p.tok_embd_type, self.cfg.n_embd, tokens)
 
     def split_qkv(self, outs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """q, k, v from the outputs of a layer's attention weights (one fused qkv, or three)."""

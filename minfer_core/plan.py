@@ -33,7 +33,7 @@ class Plan:
     batch: dict[str, Candidate] = field(default_factory=dict)  # row-invariant kernels of the batched step, if any
     producers: dict[str, Candidate] = field(default_factory=dict)  # 'rmsnorm', 'swiglu' (mode > 0), 'prepass'
     attention: dict[str, Candidate] = field(default_factory=dict)  # 'prefill', 'decode', 'paged_decode'
-    decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv', 'argmax'
+    decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv', 'argmax', 'embed'
     prefill_ops: dict[str, Candidate] = field(default_factory=dict)  # 'prefill_rope_kv'
     # -- activations between producers and consumers
     fuse: FuseChoice = field(default_factory=FuseChoice)

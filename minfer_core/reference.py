@@ -166,6 +166,16 @@ def minfer_argmax_candidates(ctx):
     return [Candidate(NAME, "ref.argmax", functools.partial(torch.argmax, dim=-1))]
 
 
+def embed_rows(table: torch.Tensor, qtype, n_cols: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows ``tokens`` of the raw embedding ``table``, dequantized (float32 ``(T, n_cols)``)."""
+    return dequantize(table[tokens], qtype, n_cols)
+
+
+@hookimpl
+def minfer_embed_candidates(ctx):
+    return [Candidate(NAME, "ref.embed", embed_rows)]
+
+
 @hookimpl
 def minfer_prefill_rope_kv_candidates(ctx):
     return [Candidate(NAME, "ref.pre.rope_kv", rope_kv_rows)]

@@ -149,3 +149,23 @@ def test_sampler_filters():
     assert Sampler(SamplerConfig(temp=0, repeat_penalty=2.0))(torch.tensor([5.0, 4.0]), history=[0]) == 1
     with pytest.raises(ValueError):
         SamplerConfig(top_p=0.0)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_and_the_cache_kept(smollm):
+    """An id below 0 or at / past the vocabulary (and an empty prompt) is a UserError naming it, raised
+    before any kernel runs: the cache still holds the previous prompt, which decodes on as before."""
+    from minfer_core.errors import UserError
+
+    v = smollm.model.cfg.vocab_size
+    ids = smollm.tok.encode("one two three", add_special=True)
+    want = smollm.prefill(ids)[-1]
+    for bad, shown in ((ids + [v], str(v)), ([5, -1], "-1"), ([], "empty")):
+        with pytest.raises(UserError, match=shown):
+            smollm.prefill(bad)
+        assert smollm.cached == ids
+    with pytest.raises(UserError, match=str(v + 3)):
+        smollm.decode(v + 3)
+    assert smollm.cached == ids
+    # all but the last token come from the cache (one row re-run: float rounding of another kernel order)
+    torch.testing.assert_close(smollm.prefill(ids)[-1], want, rtol=1e-4, atol=1e-3)
+    assert smollm.last_prefill == 1

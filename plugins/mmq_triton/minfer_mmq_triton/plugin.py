@@ -133,6 +133,13 @@ def minfer_argmax_candidates(ctx):
 
 
 @hookimpl
+def minfer_embed_candidates(ctx):
+    from .ops.candidates import decode_op_candidates
+
+    return decode_op_candidates("embed", ctx)
+
+
+@hookimpl
 def minfer_prefill_rope_kv_candidates(ctx):  # not a quantized-matmul feature: no gate reads it either
     from .ops.candidates import prefill_op_candidates
 

@@ -29,4 +29,8 @@ def decode_op_candidates(kind: str, ctx) -> list[Candidate] | None:
         return [Candidate("mmq_triton", "mmq.dec.rope_kv", functools.partial(rope_kv_write, pdl=pdl))]
     if kind == "argmax":
         return [Candidate("mmq_triton", "mmq.argmax", argmax_rows)]
+    if kind == "embed":
+        from ..prefill.dequant_raw import embed_rows
+
+        return [Candidate("mmq_triton", "mmq.embed", embed_rows)]
     return None

@@ -50,23 +50,26 @@ def _k4_scale_min(sp, j, mask):
 @triton.jit
 def _dequant_raw_kernel(
     # pointers
-    raw_ptr, out_ptr,
+    raw_ptr, out_ptr, idx_ptr,
     # sizes
-    N, K,
+    N, K, NSRC,
     # strides (elements)
     stride_raw, stride_out,
     # meta
     TID: tl.constexpr, TYPE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     # byte offsets in a block (``minfer_core.quants.BLOCK_FIELDS``; 0 where the type has no such field)
     D: tl.constexpr, M: tl.constexpr, SC: tl.constexpr, QH: tl.constexpr, QS: tl.constexpr,
+    GATHER: tl.constexpr = False, OUT_F32: tl.constexpr = False,
 ):
     """Raw blocks ``(N, row_bytes)`` uint8 -> bf16 ``out (N, K)``; program ``(pn, pk)`` writes
     rows ``pn*BLOCK_N ..`` x values ``pk*256 .. pk*256+255``. ``M``: the min (``m`` or ``dmin``),
-    ``QS``: the low bits (``qs`` or ``ql``)."""
+    ``QS``: the low bits (``qs`` or ``ql``). GATHER: output row ``i`` is raw row ``idx[i]`` (clamped to
+    the ``NSRC`` raw rows: an id out of range never reads outside the table); OUT_F32: float32 output."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     v = tl.program_id(1) * 256 + tl.arange(0, 256)
     mask = (rn[:, None] < N) & (v[None, :] < K)
-    row = raw_ptr + rn[:, None] * stride_raw
+    src = tl.minimum(tl.maximum(tl.load(idx_ptr + rn, mask=rn < N, other=0), 0), NSRC - 1) if GATHER else rn
+    row = raw_ptr + src.to(tl.int64)[:, None] * stride_raw
     if TID <= 4:  # 32-value blocks
         base = row + (v // 32)[None, :] * TYPE_SIZE
         pos = (v % 32)[None, :]
@@ -106,7 +109,7 @@ def _dequant_raw_kernel(
                 q = q | (((_u8(base + QH + pos % 32, mask) >> sub) & 1) << 4)
             w = (_f16(base + D, mask) * sc) * q.to(tl.float32) - _f16(base + M, mask) * mn
     dst = out_ptr + rn[:, None] * stride_out + v[None, :]
-    tl.store(dst, w.to(tl.bfloat16), mask=mask)
+    tl.store(dst, w if OUT_F32 else w.to(tl.bfloat16), mask=mask)
 
 
 def _offsets(qt) -> dict:
@@ -125,7 +128,30 @@ def dequant_raw(raw: torch.Tensor, qtype, k: int, out: torch.Tensor, r0: int = 0
     assert rows.dtype == torch.uint8 and rows.shape[1] == q.row_bytes(k)
     assert out.dtype == torch.bfloat16 and out.shape == (n, k) and out.stride(1) == 1
     grid = (triton.cdiv(n, 16), triton.cdiv(k, 256))
-    _dequant_raw_kernel[grid](rows, out, n, k, rows.stride(0), out.stride(0),
+    _dequant_raw_kernel[grid](rows, out, out, n, k, n, rows.stride(0), out.stride(0),
                               TID=_TID[q.qtype], TYPE_SIZE=q.type_size, BLOCK_N=16, num_warps=4,
                               **_offsets(q.qtype))
+    return out
+
+
+#: the types :func:`embed_rows` dequantizes itself (the others go through the core's dequantizer)
+EMBED_TYPES = frozenset(_TID)
+
+
+def embed_rows(table: torch.Tensor, qtype, k: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows ``tokens`` ((T,) int64, on the device) of raw blocks ``table (vocab, row_bytes)`` ->
+    float32 ``(T, k)``: one launch, the token ids read on the device (the embedding op,
+    ``minfer_embed_candidates``)."""
+    q = info(qtype)
+    if q.qtype not in EMBED_TYPES:
+        from minfer_core.reference import embed_rows as plain
+
+        return plain(table, qtype, k, tokens)
+    assert table.dtype == torch.uint8 and table.shape[1] == q.row_bytes(k) and table.stride(1) == 1
+    n = tokens.shape[0]
+    out = torch.empty(n, k, dtype=torch.float32, device=table.device)
+    grid = (triton.cdiv(n, 16), triton.cdiv(k, 256))
+    _dequant_raw_kernel[grid](table, out, tokens, n, k, table.shape[0], table.stride(0), out.stride(0),
+                              TID=_TID[q.qtype], TYPE_SIZE=q.type_size, BLOCK_N=16, num_warps=4,
+                              GATHER=True, OUT_F32=True, **_offsets(q.qtype))
     return out
