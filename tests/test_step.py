@@ -100,16 +100,20 @@ def test_logit_rows_pick_rows_and_may_be_empty(smollm):
     assert run(torch.tensor([], dtype=torch.long)).shape == (0, model.cfg.vocab_size)
 
 
+def _plain_decode(smollm):
+    """A short prompt's cache, then one decode step's logits: ``(model, runtime, ids, pos, logits)``."""
+    model = smollm.model
+    ids = torch.tensor(smollm.tok.encode("one two three", add_special=True))
+    pos = torch.tensor([len(ids)])
+    model.prompt(ids, 0)
+    return model, model.rt, ids, pos, model.decode_step(ids[-1:], pos)
+
+
 def test_decode_attention_forms_reach_only_the_matmuls_that_read_them(smollm):
     """A decode attention may return an ``Activation`` carrying other forms of its output (the
     mmq plugin's quantized copy); the core hands ``forms=`` to the decode matmul whose candidate's
     ``reads`` names one, plain f32 rows to every other, and the logits stay those of the plain step."""
-    model = smollm.model
-    rt = model.rt
-    ids = torch.tensor(smollm.tok.encode("one two three", add_special=True))
-    pos = torch.tensor([len(ids)])
-    model.prompt(ids, 0)
-    plain = model.decode_step(ids[-1:], pos)
+    model, rt, ids, pos, plain = _plain_decode(smollm)
 
     attn, o_name = rt.attn_decode, "blk.0.attn_output"
     o, seen = rt.plan.decode[o_name], []
@@ -137,12 +141,7 @@ def test_a_gate_up_glu_form_reaches_the_down_matmul(smollm):
     """A decode gate|up candidate that ``fuses`` ``"glu_out"`` is asked for it (its product feeds only the
     SwiGLU) and may return an ``Activation`` whose forms hold ``silu(g) * u``; the core hands those the
     down candidate ``reads`` to it with ``swiglu=True``, and the logits stay those of the plain step."""
-    model = smollm.model
-    rt = model.rt
-    ids = torch.tensor(smollm.tok.encode("one two three", add_special=True))
-    pos = torch.tensor([len(ids)])
-    model.prompt(ids, 0)
-    plain = model.decode_step(ids[-1:], pos)
+    model, rt, ids, pos, plain = _plain_decode(smollm)
 
     gu_name, down_name = "blk.0.ffn_gate_up", "blk.0.ffn_down"
     gu, down, seen = rt.plan.decode[gu_name], rt.plan.decode[down_name], []
