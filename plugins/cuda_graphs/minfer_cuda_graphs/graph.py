@@ -107,6 +107,7 @@ class GraphedStep:
                 raise TypeError(f"the step returned {type(logits).__name__}, not a tensor")
         except Exception as e:  # any capture problem: eager from now on for this key, said once
             torch.cuda.synchronize(self.device)
+            _end_rng_capture(self.device)
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.failed[key] = why
             print(f"[minfer cuda_graphs] capture failed, {self.describe(key)} runs eagerly: {why}",
@@ -116,6 +117,20 @@ class GraphedStep:
         cap = _Captured(graph, static, logits)
         self.graphs[key] = cap
         return cap
+
+
+def _end_rng_capture(device) -> None:
+    """After a failed capture: torch ends a capture's RNG bookkeeping only when the capture itself
+    ends well, so a capture that failed inside ``torch.cuda.graph`` leaves the device's default
+    generator marked as capturing, and every later random op on the device raises ("Offset increment
+    outside graph capture"). One small capture that ends well ends that state too (best effort)."""
+    try:
+        with torch.cuda.device(device):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001  the step runs eagerly either way
+        pass
 
 
 class BatchGraphs(GraphedStep):

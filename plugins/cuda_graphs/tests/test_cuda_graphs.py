@@ -121,6 +121,7 @@ def test_capture_failure_falls_back_to_eager_once(capsys):
         assert step(*_ids(0, i)).flatten()[0].item() == i
     assert len(step.failed) == 1 and not step.graphs
     assert capsys.readouterr().err.count("capture failed") == 1
+    assert torch.randn(8, device="cuda").isfinite().all()  # the device's random ops survive the failed capture
 
 
 @pytest.mark.cuda
@@ -183,4 +184,5 @@ def test_batch_capture_failure_runs_that_bucket_eagerly(capsys):
     for t in (1, 2, 3):
         assert step(_batch([t], [0], 2))[0, 0].item() == t
     assert list(step.failed) == [2] and not step.graphs
+    assert torch.randn(8, device="cuda").isfinite().all()
     assert capsys.readouterr().err.count("capture failed, batched decode of 2 entries runs eagerly") == 1
