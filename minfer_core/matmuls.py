@@ -3,16 +3,18 @@
 Every pass (a prompt, a single-stream decode step, a batched step) runs the same block,
 :meth:`minfer_core.model.Transformer.layer`; what differs is which kernels multiply. A matmuls
 object is called as ``mm(names, x, norm=None, swiglu=False, residual=None, plain_norm=False,
-bf16_out=False)`` and returns ``[residual +] f(x) @ W.T`` for each named weight, ``f`` the optional
+glu_into=None)`` and returns ``[residual +] f(x) @ W.T`` for each named weight, ``f`` the optional
 RMSNorm ``norm=(w, eps)`` (``plain_norm``: the output head's, computed by torch) or SwiGLU of ``x =
-[g | u]``; ``bf16_out``: the products feed only the SwiGLU, so a prompt's kernels may return them
-in bf16 (the other passes return float32).
+[g | u]``; ``glu_into``: the products feed only the SwiGLU, whose output the weight ``glu_into``
+multiplies next, so a prompt's kernels may return them in bf16, or a fused gate|up kernel the
+SwiGLU's output itself (the other passes return float32).
 
 - :class:`PromptMatmuls`: all rows at once, on the prefill kernels from ``PREFILL_ROWS`` rows (their
   activation producers fused), the decode kernels below. The fastest for one sequence; a row's
-  bits may depend on how many rows there are.
+  bits may depend on how many rows there are. Handed an :class:`Activation` with ``swiglu=True``,
+  it takes it as the SwiGLU's output (a gate|up kernel's ``Candidate.fuses`` ``"swiglu_out"``).
 - :class:`DecodeMatmuls`: one row on the decode kernels, norm / SwiGLU / residual fused into them
-  as each candidate declares (``bf16_out`` asks a fused gate|up kernel for its SwiGLU forms,
+  as each candidate declares (``glu_into`` asks a fused gate|up kernel for its SwiGLU forms,
   ``Candidate.fuses`` ``"glu_out"``).
 - :class:`BatchMatmuls`: a batched step's rows, each of whose bits must not depend on the others:
   the plan's row-invariant kernels (``plan.batch``) over all rows, else fixed tiles of ``tile``
@@ -47,12 +49,12 @@ class Matmuls:
 
     def __call__(self, names: list[str], x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
                  residual: torch.Tensor | None = None, plain_norm: bool = False,
-                 bf16_out: bool = False) -> list[torch.Tensor]:
+                 glu_into: str | None = None) -> list:
         raise NotImplementedError
 
 
 class PromptMatmuls(Matmuls):
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, glu_into=None):
         rt = self.rt
         if plain_norm:
             if x.shape[0] < PREFILL_ROWS:
@@ -60,22 +62,22 @@ class PromptMatmuls(Matmuls):
             a = rmsnorm(x, *norm)
         elif norm is not None:
             a = rt.rmsnorm(x, *norm)
+        elif isinstance(x, Activation):  # written by its producer already: the prefill attention's plane,
+            a = x  # or with swiglu the SwiGLU's output from the gate|up kernel
         elif swiglu:
             a = rt.swiglu(x)
-        elif isinstance(x, Activation):  # written by its producer already (the prefill attention's plane)
-            a = x
         else:
             a = rt.produce(x) if x.shape[0] >= PREFILL_ROWS else x
         if len(names) == 1:
-            return [rt.linear(names[0], a, residual, bf16_out)]
-        return _add([rt.linear(n, a, bf16_out=bf16_out) for n in names], residual)
+            return [rt.linear(names[0], a, residual, glu_into)]
+        return _add([rt.linear(n, a, bf16_out=glu_into is not None) for n in names], residual)
 
 
 class DecodeMatmuls(Matmuls):
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, glu_into=None):
         rt = self.rt
-        if norm is not None and residual is None and not swiglu:  # bf16_out: the products feed only the SwiGLU
-            return rt.decode_normed(names, x, norm, glu_out=bf16_out)
+        if norm is not None and residual is None and not swiglu:  # glu_into: the products feed only the SwiGLU
+            return rt.decode_normed(names, x, norm, glu_out=glu_into is not None)
         return [rt.decode_linear(n, x, residual=residual, norm=norm, swiglu=swiglu) for n in names]
 
 
@@ -95,7 +97,7 @@ class BatchMatmuls(Matmuls):
         super().__init__(rt)
         self.tile, self.rows = tile, rows
 
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, glu_into=None):
         rt, T = self.rt, x.shape[0]
         out: dict[str, torch.Tensor] = {}
         for n in names if self.rows else ():
@@ -130,7 +132,7 @@ class TiledPromptMatmuls(Matmuls):
             raise ValueError(f"prompt tile {tile} is under {PREFILL_ROWS} rows")
         self.tile = tile
 
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, glu_into=None):
         rt, T = self.rt, x.shape[0]
         xp = _pad(x, self.tile)
         if norm is not None:
@@ -150,7 +152,7 @@ class SplitMatmuls(Matmuls):
         super().__init__(head.rt)
         self.head, self.tail, self.split = head, tail, split
 
-    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, bf16_out=False):
+    def __call__(self, names, x, norm=None, swiglu=False, residual=None, plain_norm=False, glu_into=None):
         s = self.split
         r = (None, None) if residual is None else (residual[:s], residual[s:])
         a = self.head(names, x[:s], norm, swiglu, r[0], plain_norm)

@@ -77,15 +77,23 @@ class Runtime:
         self.counts[kernel.label] += 1
         return kernel.fn(*args, **kw)
 
-    def linear(self, name: str, x, residual: torch.Tensor | None = None, bf16_out: bool = False) -> torch.Tensor:
+    def linear(self, name: str, x, residual: torch.Tensor | None = None, glu_into: str | None = None,
+               bf16_out: bool = False):
         """x: Activation (prefill) or f32 tensor (M, K) -> f32 (M, N), ``residual +`` it when
         given (inside a prefill kernel whose candidate ``fuses`` it). ``bf16_out``: the product
-        feeds only the SwiGLU, so a prefill kernel that ``fuses`` ``"bf16_out"`` may return bf16."""
+        feeds only the SwiGLU, so a prefill kernel that ``fuses`` ``"bf16_out"`` may return bf16;
+        ``glu_into`` (a ``[gate | up]`` weight): so does this one, and the SwiGLU's output goes to the
+        weight ``glu_into``. When that weight's prefill kernel reads the plane alone, a kernel that
+        ``fuses`` ``"swiglu_out"`` may return an :class:`Activation` of ``silu(g) * u`` instead."""
         rows = x.rows if isinstance(x, Activation) else x.shape[0]
+        bf16_out = bf16_out or glu_into is not None
         if rows >= PREFILL_ROWS:
             act = x if isinstance(x, Activation) else self.produce(x)
             c = self.plan.prefill[name]
             kw = {"out_bf16": True} if bf16_out and "bf16_out" in c.fuses else {}
+            if glu_into is not None and residual is None and "swiglu_out" in c.fuses \
+                    and getattr(self.plan.prefill.get(glu_into), "reads", None) == ("plane",):
+                kw["swiglu_out"] = True
             if residual is not None and "residual" in c.fuses:
                 return self._run(c, act, residual=residual, **kw)
             y = self._run(c, act, **kw)
@@ -207,7 +215,8 @@ class Transformer:
 
     @staticmethod
     def join_gate_up(outs: list[torch.Tensor]) -> torch.Tensor:
-        """``[g | u]`` from the outputs of a layer's ffn input weights (one fused gate_up, or two)."""
+        """``[g | u]`` from the outputs of a layer's ffn input weights (one fused gate_up, or two), or the
+        one output as it is (an :class:`Activation` of ``silu(g) * u`` from a prompt's gate|up kernel)."""
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def layer(self, i: int, h: torch.Tensor, mm, attend) -> torch.Tensor:
@@ -216,7 +225,7 @@ class Transformer:
         cfg, p, lw = self.cfg, self.p, self.p.layers[i]
         q, k, v = self.split_qkv(mm(lw.attn, h, norm=(p.attn_norm[i], cfg.rms_eps)))
         h = mm([lw.o], attend(i, q, k, v), residual=h)[0]
-        gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps), bf16_out=True))
+        gu = self.join_gate_up(mm(lw.ffn, h, norm=(p.ffn_norm[i], cfg.rms_eps), glu_into=lw.down))
         return mm([lw.down], gu, swiglu=True, residual=h)[0]
 
     def head(self, h: torch.Tensor, mm) -> torch.Tensor:

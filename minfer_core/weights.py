@@ -86,6 +86,10 @@ class Candidate:
     SwiGLU; the down projection's candidate gets them with ``swiglu=True``); (prefill matmuls) ``"bf16_out"``:
     ``fn(act, out_bf16=True)`` may return its product rounded to bf16 (asked only of products that
     feed the SwiGLU producer alone, which reads either dtype: half the bytes written and read back);
+    ``"swiglu_out"`` (a ``[gate | up]`` weight): ``fn(act, out_bf16=True, swiglu_out=True)`` may return,
+    in place of the product, an :class:`Activation` of ``silu(g) * u`` of its halves as the SwiGLU
+    producer writes it under fuse mode 2 (the bf16 plane alone; asked only when the down projection's
+    kernel reads nothing else);
     (prefill attention) ``"plane"``: ``fn(q, k, v, start, plane=True)`` returns the output as an
     :class:`Activation` of the bf16 plane alone, for an o matmul that reads only the plane.
     The core does whatever a candidate does not fuse itself.

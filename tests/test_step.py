@@ -272,3 +272,51 @@ def test_the_attention_writes_the_plane_when_o_reads_nothing_else(smollm):
     for y in got.values():
         assert ((y - plain).norm() / plain.norm()).item() < 1e-2
         assert torch.equal(y.argmax(-1), plain.argmax(-1))
+
+
+def test_the_gate_up_kernel_writes_the_swiglu_when_down_reads_the_plane_alone(smollm):
+    """A prefill gate|up candidate that fuses ``"swiglu_out"`` is asked for ``silu(g) * u`` exactly
+    when the layer's down matmul reads only the plane; down then gets that Activation as it came (no
+    SwiGLU producer, no f32 rows), otherwise the product and the core's SwiGLU as before. Either way
+    the prompt's logits stay within bf16 rounding of the plain pass's."""
+    model = smollm.model
+    plan = model.rt.plan
+    ids = torch.tensor(smollm.tok.encode("one two three four five six seven eight nine ten " * 3,
+                                         add_special=True))
+    plain = model.prompt(ids, 0)
+    saved = dict(plan.prefill)
+    layers = model.p.layers
+    assert all(len(lw.ffn) == 1 for lw in layers)  # one [gate | up] weight a layer
+    asked, down_got = [], []
+
+    def gate_up(c):
+        def fn(act, swiglu_out=False, **kw):
+            asked.append(swiglu_out)
+            y = c.fn(act, **kw)
+            if not swiglu_out:
+                return y
+            g, u = y.float().chunk(2, dim=-1)
+            return Activation(None, (torch.nn.functional.silu(g) * u).to(torch.bfloat16))
+        return dataclasses.replace(c, fn=fn, fuses=tuple(c.fuses) + ("swiglu_out",))
+
+    def down_reading(c, reads):
+        def fn(act, **kw):
+            down_got.append(act.f32 is None)
+            plane = act.plane if act.plane is not None else act.f32.to(torch.bfloat16)
+            return c.fn(Activation(plane.float(), plane), **kw)
+        return dataclasses.replace(c, fn=fn, reads=reads)
+
+    try:
+        got = {}
+        for reads in (("plane",), ("f32", "plane")):
+            asked.clear(), down_got.clear()
+            plan.prefill.update({lw.ffn[0]: gate_up(saved[lw.ffn[0]]) for lw in layers})
+            plan.prefill.update({lw.down: down_reading(saved[lw.down], reads) for lw in layers})
+            got[reads] = model.prompt(ids, 0)
+            assert asked == down_got == [reads == ("plane",)] * len(layers)
+    finally:
+        plan.prefill.clear()
+        plan.prefill.update(saved)
+    for y in got.values():
+        assert ((y - plain).norm() / plain.norm()).item() < 1e-2
+        assert torch.equal(y.argmax(-1), plain.argmax(-1))

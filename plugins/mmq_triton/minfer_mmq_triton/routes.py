@@ -185,8 +185,10 @@ def prefill_candidates(weight: Weight, ctx: LoadContext) -> Optional[list[Candid
         built = planes.BUILDERS[qt][0] in weight.planes  # registration built the plane: no raw read
         reads = ("plane",) if gate_on(ctx, "MINFER_MMQ_A_TRANSPOSE") else ("f32",)  # off: it converts itself
         # with its plane built, up to 64 rows run the warpgroup-MMA or the fused GEMM, which expand nothing
-        fn, tiled = _plane_fn(weight, pdl_enabled(ctx), wgmma_enabled(ctx))
-        return [Candidate(PLUGIN, label, fn, gate, reads, FUSES, reads_raw=not built, small_tiles=built, tiled=tiled)]
+        wgmma = wgmma_enabled(ctx)
+        fn, tiled = _plane_fn(weight, pdl_enabled(ctx), wgmma)
+        fuses = FUSES + (("swiglu_out",) if wgmma else ())  # the warpgroup-MMA GEMMs' GLU epilogue
+        return [Candidate(PLUGIN, label, fn, gate, reads, fuses, reads_raw=not built, small_tiles=built, tiled=tiled)]
     fn, tiled = _raw_fn(weight)
     return [Candidate(PLUGIN, f"mmq.generic.{name}", fn, "MINFER_MMQ", ("f32",), FUSES, tiled=tiled)]
 
@@ -236,7 +238,8 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
     form where ``tiles.async_route`` says, the warp-specialized GEMM where ``tiles.ws_route`` says) or
     the fused GEMM (launched with PDL under ``pdl``), else expand + cuBLAS; raw blocks when no plane
     was built (builder gate off, or a float16 overflow). Its ``tiled`` form always expands (once for
-    all tiles)."""
+    all tiles). Asked ``swiglu_out`` (a ``[gate | up]`` weight), the warpgroup-MMA GEMMs return the
+    Activation of ``silu(g) * u`` from their GLU epilogue; the other routes return the product."""
     from .prefill import gemm_planes
     from .launch.scratch import bf16_rows, jit_matmul
     n, k = weight.n_out, weight.n_in
@@ -256,22 +259,33 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
     wgmma = wgmma and qt in (QT.Q4_K, QT.Q6_K)
     split = tiles.wgmma_split(n, k)
 
-    def fn(act: Activation, residual=None, out_bf16: bool = False):
+    def fn(act: Activation, residual=None, out_bf16: bool = False, swiglu_out: bool = False):
         plane = weight.planes.get(key)
         dt = torch.bfloat16 if out_bf16 else torch.float32
+        glu = swiglu_out and residual is None and weight.bias is None  # the GLU epilogue: silu(g) * u
+
+        def done(y, g):
+            return Activation(None, y) if g else y
         if plane is not None and wgmma and act.rows <= tiles.WGMMA_MAX_ROWS:
-            from .prefill.gemm_wgmma import gemm_wgmma
-            return gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
-                              residual=residual, out_dtype=dt)
+            from .prefill.gemm_wgmma import gemm_wgmma, glu_fits
+            g = glu and glu_fits(n, 64, split)
+            return done(gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
+                                   residual=residual, out_dtype=dt, glu=g), g)
         if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
+            from .prefill.gemm_wgmma import glu_fits
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
             tile = tiles.async_tile(qt)
-            return gemm_wgmma_async(bf16_rows(act), plane, weight.bias, tiles.async_split(act.rows, n, k, tile),
-                                    pdl=pdl, residual=residual, tile=tile, out_dtype=dt)
+            s = tiles.async_split(act.rows, n, k, tile)
+            g = glu and glu_fits(n, 64 * tile[1], s)
+            return done(gemm_wgmma_async(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual,
+                                         tile=tile, out_dtype=dt, glu=g), g)
         if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
+            from .prefill.gemm_wgmma import glu_fits
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
-            return gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, tiles.ws_split(act.rows, n, k), pdl=pdl,
-                                 residual=residual, out_dtype=dt)
+            s = tiles.ws_split(act.rows, n, k)
+            g = glu and glu_fits(n, 64 * tiles.WS_TILE[1], s)
+            return done(gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual,
+                                      out_dtype=dt, glu=g), g)
         if plane is not None and tiles.use_fused(act.rows, n, k):
             y = gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
             return y if residual is None else residual + y

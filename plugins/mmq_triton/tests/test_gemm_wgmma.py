@@ -246,3 +246,38 @@ def test_gemms_write_bf16_products(split):
         a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         y = gemm(a, out_dtype=torch.bfloat16)
         assert y.dtype == torch.bfloat16 and torch.equal(y, gemm(a).to(torch.bfloat16)), m
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_gemms_write_the_swiglu_of_a_gate_up_weight(qt):
+    """``glu=True`` on a ``[gate | up]`` weight: each warpgroup-MMA GEMM (one and two warpgroups a tile)
+    returns ``silu(g) * u`` (bf16, ``(M, N / 2)``) against float64 from gguf's dequantized weights,
+    matches the SwiGLU of its own float32 product within bf16 rounding, and a row's bits do not depend
+    on the other rows."""
+    from minfer_mmq_triton import planes
+    from minfer_mmq_triton.prefill.gemm_wgmma import gemm_wgmma
+    from minfer_mmq_triton.prefill.gemm_wgmma_async import gemm_wgmma_async
+    from minfer_mmq_triton.prefill.gemm_wgmma_ws import gemm_wgmma_ws
+
+    f, k = 192, 2048
+    w = _weight(qt, 2 * f, k, seed=12, bias=False)
+    plane = planes.BUILDERS[qt][1](w.raw, k)
+    w64 = oracle(w.raw, w.qtype, k).double().cuda()
+    gemms = [(40, lambda a, **kw: gemm_wgmma(a, plane, None, 64, 1, **kw))]
+    if qt == QT.Q4_K:  # the asynchronous GEMM's route is q4_K's
+        gemms += [(100, lambda a, **kw: gemm_wgmma_async(a, plane, None, 1, **kw)),
+                  (100, lambda a, **kw: gemm_wgmma_async(a, plane, None, 1, tile=(128, 2, 3), **kw))]
+    gemms += [(300, lambda a, t=t, **kw: gemm_wgmma_ws(a, plane, None, 1, tile=t, **kw)) for t in WS_TILES]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    for m, gemm in gemms:
+        a = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+        y = gemm(a, glu=True)
+        assert y.shape == (m, f) and y.dtype == torch.bfloat16
+        g, u = (a.double() @ w64.T).chunk(2, dim=-1)
+        fro, mx = rel_err(y.float(), g * torch.sigmoid(g) * u)
+        assert fro < 1e-2 and mx < 2e-2, (m, fro, mx)
+        g, u = gemm(a).chunk(2, dim=-1)
+        own = g * torch.sigmoid(g) * u
+        assert ((y.float() - own).abs() <= own.abs() * 2 ** -8 + 1e-6 * own.abs().max()).all(), m
+        for lo, hi in ((3, 4), (m - 37, m)):
+            assert torch.equal(gemm(a[lo:hi].contiguous(), glu=True), y[lo:hi]), (m, lo, hi)

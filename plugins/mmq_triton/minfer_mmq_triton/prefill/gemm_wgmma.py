@@ -192,11 +192,12 @@ def _to_fragment(v, A: gl.constexpr):
 @gluon.jit
 def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride0, stride1,
                        stride2, NA: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       HAS_RES: gl.constexpr, PDL: gl.constexpr):
+                       HAS_RES: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False):
     """Grid ``(cdiv(N, 64), SPLIT)``; ``WTYPE`` 0: q4_K (``qs``, ``sc`` int16, ``dm`` int32), 1: q6_K
     (``ql``, ``qh``, ``sc`` as int16). ``y``: ``(M, N)`` (+ bias, + the residual ``(M, N)`` under
     HAS_RES), or with ``SPLIT > 1`` the partials ``(SPLIT, M, N)`` (bias and residual added by the
-    reduction)."""
+    reduction); under GLU (split 1, no bias or residual) ``silu(g) * u`` ``(M, N / 2)``, bf16
+    (:func:`store_glu`)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NA, 16])
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     XL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -210,7 +211,7 @@ def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
 
     # this thread's bytes: weight rows rb, byte 32 sb + 16 cb + ib of the span
     L3: gl.constexpr = gl.SliceLayout(3, BYTES)
-    rb = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
+    rb = tile_rows(w0, gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), N, GLU)[:, None, None, None]
     sb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None, None]
     cb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :, None]
     ib = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, BYTES))))[None, None, None, :]
@@ -232,9 +233,12 @@ def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
         acc = warpgroup_mma(_to_fragment(lo, A), x_lo.permute((1, 0)), acc)
         acc = warpgroup_mma(_to_fragment(hi, A), x_hi.permute((1, 0)), acc)
 
-    wr = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))[:, None]
-    am = gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-    _store(acc, wr, am, gl.program_id(1), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+    if GLU:
+        store_glu(acc, w0, 0, y_ptr, M, N // 2)
+    else:
+        wr = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))[:, None]
+        am = gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+        _store(acc, wr, am, gl.program_id(1), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
 @gluon.jit
@@ -255,14 +259,15 @@ def _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: gl.constexp
 
 def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, split: int,
                pdl: bool = False, residual: torch.Tensor | None = None, norm: tuple | None = None,
-               swiglu: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               swiglu: bool = False, out_dtype: torch.dtype = torch.float32, glu: bool = False) -> torch.Tensor:
     """``[residual +] f(a) (M, K) @ dequant(plane).T (+ bias)`` -> ``(M, N)`` of ``out_dtype`` (float32 or
     bf16) for a q4_K or q6_K plane; ``a``: bf16 or float32, ``(M, 2K)`` with ``swiglu``; ``f`` the staging
     kernel's producer: RMSNorm with ``norm=(w, eps)`` (float32 ``w``), SwiGLU with ``swiglu``, else
     none. ``rows``: the MMA's N (a power of two from 8 to 256, at least M; the engine's row tile or
     group, so the instruction does not depend on how many rows came), ``split``: split-K (from the
     weight's shape); ``pdl``: every kernel (and the split reduction) launches with PDL
-    (``launch.pdl``)."""
+    (``launch.pdl``). ``glu`` (a ``[gate | up]`` plane, :func:`glu_fits`, no bias or residual): returns
+    ``silu(g) * u`` of the product's halves ``(M, N / 2)``, bf16, instead of the product."""
     if norm is not None and swiglu:
         raise ValueError("the staging kernel applies RMSNorm or SwiGLU, not both")
     m, k = a.shape
@@ -271,15 +276,63 @@ def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, spl
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0 and m <= rows
     assert rows in (8, 16, 32, 64, 128, 256)
     ws, wtype = plane_words(plane)
-    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
-    n = y.shape[1]
+    n = ws[0].shape[0]
+    y, out, b, res = glu_outputs(m, n, 64, split, bias, residual, a.device) if glu else \
+        outputs(m, n, split, bias, residual, a.device, out_dtype)
     x = stage(a, rows, norm, swiglu, pdl)
     _gemm_wgmma_kernel[(triton.cdiv(n, 64), split)](
         x, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), NA=rows, WTYPE=wtype, SPLIT=split,
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None and split == 1, num_warps=4, **launch_args(pdl))
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None and split == 1, num_warps=4, GLU=glu,
+        **launch_args(pdl))
     if split > 1:
         reduce_splits(out, bias, residual, y, pdl)
     return y
+
+
+@gluon.jit
+def tile_rows(w0, r, N, GLU: gl.constexpr):
+    """Weight rows of a tile's rows ``r`` (``w0`` = 64 x the tile's warpgroups x its index). Under GLU (a
+    ``[gate | up]`` weight of ``N`` rows) tile row ``16 w + 8 h + i`` is gate row (``h`` 0) or up row
+    (``h`` 1) ``w0 / 2 + 8 w + i``: rows 8 apart in a warp's 16 are the halves the wgmma accumulator
+    gives one thread, so each thread holds both inputs of its ``silu(g) * u``."""
+    if GLU:
+        return ((r // 8) % 2) * (N // 2) + w0 // 2 + (r // 16) * 8 + r % 8
+    else:
+        return w0 + r
+
+
+@gluon.jit
+def _glu_halves(t, h):
+    """``t`` ``[R, NA]`` -> its tile rows with ``h`` 0 and with ``h`` 1 (``h``: row bit 3), each ``[R / 16,
+    8, NA]`` in the order of :func:`tile_rows`; a sum over a thread's own registers, no exchange."""
+    R: gl.constexpr = t.shape[0]
+    NA: gl.constexpr = t.shape[1]
+    t4 = gl.reshape(t, [R // 16, 2, 8, NA])
+    h4 = gl.reshape(h, [R // 16, 2, 8, NA])
+    return gl.sum(gl.where(h4 == 0, t4, 0), axis=1), gl.sum(gl.where(h4 == 1, t4, 0), axis=1)
+
+
+@gluon.jit
+def store_glu(acc, w0, a0, y_ptr, M, F):
+    """A GLU tile's sums (:func:`tile_rows`) -> ``silu(g) * u`` of its ``R / 2`` features ``w0 / 2 ..`` for
+    activation rows ``a0 ..``, bf16 into ``y`` ``(M, F)``."""
+    R: gl.constexpr = acc.shape[0]
+    NA: gl.constexpr = acc.shape[1]
+    L: gl.constexpr = acc.type.layout
+    zero = gl.zeros([R, NA], gl.int32, layout=L)
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, L))[:, None] + zero
+    h = (r // 8) % 2
+    g, u = _glu_halves(acc, h)
+    f, _ = _glu_halves(w0 // 2 + (r // 16) * 8 + r % 8, h)
+    am, _ = _glu_halves(a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, L))[None, :] + zero, h)
+    v = g / (1.0 + gl.exp(-g)) * u
+    gl.store(y_ptr + am * F + f, v.to(gl.bfloat16), mask=(am < M) & (f < F))
+
+
+def glu_fits(n: int, rows: int, split: int) -> bool:
+    """Whether a ``[gate | up]`` weight of ``n`` rows can take the GEMMs' GLU epilogue at ``rows`` weight
+    rows a tile: no split-K and whole tiles of gate rows."""
+    return split == 1 and n % 2 == 0 and (n // 2) % (rows // 2) == 0
 
 
 def plane_words(plane) -> tuple[tuple[torch.Tensor, ...], int]:
@@ -302,6 +355,13 @@ def outputs(m: int, n: int, split: int, bias, residual, device, dtype=torch.floa
     b = bias if bias is not None else y
     res = residual if residual is not None and split == 1 else y
     return y, out, b, res
+
+
+def glu_outputs(m: int, n: int, rows: int, split: int, bias, residual, device):
+    """:func:`outputs` for the GLU epilogue: ``silu(g) * u`` ``(m, n / 2)`` bf16, written by the kernel."""
+    assert glu_fits(n, rows, split) and bias is None and residual is None, "GLU: whole gate tiles, no split, bias or residual"
+    y = torch.empty(m, n // 2, dtype=torch.bfloat16, device=device)
+    return y, y, y, y
 
 
 def stage(a: torch.Tensor, rows: int, norm: tuple | None = None, swiglu: bool = False,

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .. import tiles
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import _decode, _span_words, _store, _to_fragment, outputs, plane_words, stage
+from .gemm_wgmma import _decode, _span_words, _store, _to_fragment, glu_outputs, outputs, plane_words, stage, store_glu, tile_rows
 
 
 def _bytes_layout(wg: int) -> gl.DistributedLinearLayout:
@@ -88,10 +88,11 @@ def _spans(acc, x_lo, x_hi, x_ptr, x_off, kk, first, last, spans, w0_ptr, w1_ptr
 def _gemm_async_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride0, stride1, stride2,
                        BL: gl.constexpr, NA: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr,
                        WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                       PDL: gl.constexpr):
+                       PDL: gl.constexpr, GLU: gl.constexpr = False):
     """Grid ``(cdiv(N, 64 WG), cdiv(M, NA), SPLIT)``; ``x``: staged activations ``(cdiv(M, NA) NA, K)``;
     ``WTYPE`` 0: q4_K, 1: q6_K (as ``prefill.gemm_wgmma``); ``BL``: ``BYTES_LAYOUTS[WG]``. ``y``: ``(M,
-    N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT > 1`` the partials ``(SPLIT, M, N)``."""
+    N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT > 1`` the partials ``(SPLIT, M, N)``; under
+    GLU ``silu(g) * u`` ``(M, N / 2)``, bf16 (``prefill.gemm_wgmma.store_glu``)."""
     R: gl.constexpr = 64 * WG
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1], instr_shape=[16, NA, 16])
     A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -106,7 +107,7 @@ def _gemm_async_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
     last = gl.minimum(first + per, spans)
 
     L3: gl.constexpr = gl.SliceLayout(3, BL)
-    rb = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
+    rb = tile_rows(w0, gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), N, GLU)[:, None, None, None]
     sb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None, None]
     cb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :, None]
     ib = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, BL))))[None, None, None, :]
@@ -120,9 +121,12 @@ def _gemm_async_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
     acc = _spans(acc, x_lo, x_hi, x_ptr, x_off, kk, first, last, spans, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, ib, N,
                  stride0, stride1, stride2, A, STAGES, WTYPE)
 
-    wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
-    am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-    _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+    if GLU:
+        store_glu(acc, w0, a0, y_ptr, M, N // 2)
+    else:
+        wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
+        am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+        _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
 #: (NA, WG, STAGES): activation rows and weight warpgroups a program, ring slots; the route's.
@@ -131,22 +135,23 @@ DEFAULT_TILE = tiles.ASYNC_TILE
 
 def gemm_wgmma_async(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int = 1, pdl: bool = False,
                      residual: torch.Tensor | None = None, tile: tuple[int, int, int] = DEFAULT_TILE,
-                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     out_dtype: torch.dtype = torch.float32, glu: bool = False) -> torch.Tensor:
     """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> ``(M, N)`` of ``out_dtype`` (float32 or
     bf16) for a q4_K or q6_K plane, any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``:
-    ``(NA, WG, STAGES)``, see the module."""
+    ``(NA, WG, STAGES)``, see the module; ``glu``: ``silu(g) * u`` instead, as ``gemm_wgmma``'s."""
     na, wg, stages = tile
     assert na in (64, 128, 256) and wg in BYTES_LAYOUTS and stages >= 2
     m, k = a.shape
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
     ws, wtype = plane_words(plane)
-    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
-    n = y.shape[1]
+    n = ws[0].shape[0]
+    y, out, b, res = glu_outputs(m, n, 64 * wg, split, bias, residual, a.device) if glu else \
+        outputs(m, n, split, bias, residual, a.device, out_dtype)
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl)
     _gemm_async_kernel[(triton.cdiv(n, 64 * wg), triton.cdiv(m, na), split)](
         x, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), BL=BYTES_LAYOUTS[wg], NA=na, WG=wg, STAGES=stages,
         WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None, HAS_RES=residual is not None and split == 1,
-        num_warps=4 * wg, **launch_args(pdl))
+        num_warps=4 * wg, GLU=glu, **launch_args(pdl))
     if split > 1:
         reduce_splits(out, bias, residual, y, pdl)
     return y

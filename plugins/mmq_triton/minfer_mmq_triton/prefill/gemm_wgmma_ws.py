@@ -47,7 +47,7 @@ from .. import tiles
 from ..launch.device import sm_count
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import _q4k_scales, _q6k_ptx, _store, outputs, plane_words, stage
+from .gemm_wgmma import _q4k_scales, _q6k_ptx, _store, glu_outputs, outputs, plane_words, stage, store_glu, tile_rows
 
 
 @functools.cache  # built once: a launch passes it as a constexpr, and building one takes ~20 us of host time
@@ -156,7 +156,7 @@ def _decode_words(t, words, WTYPE: gl.constexpr):
 
 @gluon.jit
 def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, M, N, K, stride0, stride1,
-                      stride2, DL: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr):
+                      stride2, DL: gl.constexpr, WTYPE: gl.constexpr, SPLIT: gl.constexpr, GLU: gl.constexpr):
     """For each tile and half span: wait for its ring slot, start the TMA of its activations, store its
     decoded half (decoded while waiting) and hand the slot over; after each span, decode the next, whose
     words were loaded two spans ahead."""
@@ -165,7 +165,7 @@ def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_p
     NA: gl.constexpr = x_desc.block_type.shape[0]
     W32: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     L3: gl.constexpr = gl.SliceLayout(3, DL)
-    rows = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None, None]
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
     sb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None, None]
     cb = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :, None]
     wb = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, DL))))[None, None, None, :]
@@ -173,7 +173,7 @@ def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_p
     c = 0  # half spans handed to the ring so far
     for i in range(gl.program_id(0), _n_tiles(M, N, NA, R, SPLIT), gl.num_programs(0)):
         a0, w0, part, first, last = _tile(i, M, N, K, NA, R, SPLIT)
-        rb = w0 + rows
+        rb = tile_rows(w0, rows, N, GLU)[:, None, None, None]
         top = gl.maximum(last - 1, 0)
         lo, hi = _decode_words(first, _words(gl.minimum(first, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N,
                                              stride0, stride1, stride2, WTYPE), WTYPE)
@@ -199,7 +199,7 @@ def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_p
 
 @gluon.jit
 def _mma_partition(w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N, K, MMA: gl.constexpr,
-                   SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr):
+                   SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, GLU: gl.constexpr):
     """For each tile: multiply each ready slot into the accumulator, hand a slot back once its MMA has
     completed, and store the tile (while the decode partition fills the ring for the next)."""
     R: gl.constexpr = w_smem.shape[1]
@@ -222,21 +222,24 @@ def _mma_partition(w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N,
         acc = warpgroup_mma_wait(0, deps=[acc])
         gl.thread_barrier()
         mbarrier.arrive(empty.index((c + S - 1) % S), pred=halves > 0)
-        wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
-        am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-        _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+        if GLU:
+            store_glu(acc, w0, a0, y_ptr, M, N // 2)
+        else:
+            wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
+            am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
+            _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
 @gluon.jit
 def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride0, stride1, stride2,
                     DL: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr, P: gl.constexpr, REGS: gl.constexpr,
                     WTYPE: gl.constexpr, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
-                    PDL: gl.constexpr):
+                    PDL: gl.constexpr, GLU: gl.constexpr = False):
     """Any grid: each program walks tiles ``program_id, + num_programs, ..`` of ``cdiv(M, NA) cdiv(N, 64
     WG) SPLIT``. ``x_desc``: the staged activations ``(cdiv(M, NA) NA, K)`` in ``[NA, 64]`` blocks;
     ``DL``: ``_decode_layout(64 WG, P)``; ``WTYPE`` 0: q4_K, 1: q6_K (as ``prefill.gemm_wgmma``). ``y``:
     ``(M, N)`` (+ bias, + the residual under HAS_RES), or with ``SPLIT > 1`` the partials ``(SPLIT, M,
-    N)``."""
+    N)``; under GLU ``silu(g) * u`` ``(M, N / 2)``, bf16 (``prefill.gemm_wgmma.store_glu``)."""
     R: gl.constexpr = 64 * WG
     NA: gl.constexpr = x_desc.block_type.shape[0]
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * WG, 1], instr_shape=[16, NA, 16])
@@ -252,9 +255,9 @@ def _gemm_ws_kernel(x_desc, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, M,
     enter(PDL)
     gl.warp_specialize([
         (_mma_partition, (w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N, K, MMA, SPLIT, HAS_BIAS,
-                          HAS_RES)),
+                          HAS_RES, GLU)),
         (_decode_partition, (x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_ptr, M, N, K, stride0, stride1,
-                             stride2, DL, WTYPE, SPLIT)),
+                             stride2, DL, WTYPE, SPLIT, GLU)),
     ], [P], [REGS])
 
 
@@ -271,24 +274,26 @@ def max_regs(wg: int, p: int) -> int:
 
 def gemm_wgmma_ws(a: torch.Tensor, plane, bias: torch.Tensor | None, split: int = 1, pdl: bool = False,
                   residual: torch.Tensor | None = None, tile: tuple[int, int, int, int, int] = DEFAULT_TILE,
-                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                  out_dtype: torch.dtype = torch.float32, glu: bool = False) -> torch.Tensor:
     """``[residual +] a (M, K) @ dequant(plane).T (+ bias)`` -> ``(M, N)`` of ``out_dtype`` (float32 or
     bf16) for a q4_K or q6_K plane, any ``M``; ``a`` bf16 or float32. ``split``: split-K; ``tile``: see
-    ``DEFAULT_TILE``."""
+    ``DEFAULT_TILE``; ``glu``: ``silu(g) * u`` instead, as ``prefill.gemm_wgmma.gemm_wgmma``'s."""
     na, wg, stages, p, regs = tile
     assert na in (64, 128, 256) and wg in (1, 2) and stages >= 2 and p in (4, 8) and 4 * wg + p <= 16
     m, k = a.shape
     assert a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and k % 256 == 0
     ws, wtype = plane_words(plane)
-    y, out, b, res = outputs(m, ws[0].shape[0], split, bias, residual, a.device, out_dtype)
-    n = y.shape[1]
+    n = ws[0].shape[0]
+    y, out, b, res = glu_outputs(m, n, 64 * wg, split, bias, residual, a.device) if glu else \
+        outputs(m, n, split, bias, residual, a.device, out_dtype)
     x = stage(a, triton.cdiv(m, na) * na, pdl=pdl, perm=2 if wtype == 0 else 0)  # _decode_words' K order
     x_desc = TensorDescriptor.from_tensor(x, [na, 64], _X_LAYOUT)
     n_tiles = triton.cdiv(m, na) * triton.cdiv(n, 64 * wg) * split
     _gemm_ws_kernel[(min(n_tiles, sm_count(a.device)),)](
         x_desc, *ws, b, res, out, m, n, k, *(w.stride(0) for w in ws), DL=_decode_layout(64 * wg, p), WG=wg,
         STAGES=stages, P=p, REGS=regs, WTYPE=wtype, SPLIT=split, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None and split == 1, num_warps=4 * wg, maxnreg=max_regs(wg, p), **launch_args(pdl))
+        HAS_RES=residual is not None and split == 1, num_warps=4 * wg, maxnreg=max_regs(wg, p), GLU=glu,
+        **launch_args(pdl))
     if split > 1:
         reduce_splits(out, bias, residual, y, pdl)
     return y
