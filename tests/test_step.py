@@ -232,6 +232,16 @@ def test_only_the_swiglu_input_may_come_back_in_bf16(smollm):
     assert torch.equal(got.argmax(-1), plain.argmax(-1))
 
 
+def _plane_reader(c, reads, got: list):
+    """Candidate ``c`` declaring ``reads``: records whether each call's Activation came without f32
+    rows, and multiplies the bf16 plane (its own, else the f32 rows rounded)."""
+    def fn(act, **kw):
+        got.append(act.f32 is None)
+        plane = act.plane if act.plane is not None else act.f32.to(torch.bfloat16)
+        return c.fn(Activation(plane.float(), plane), **kw)
+    return dataclasses.replace(c, fn=fn, reads=reads)
+
+
 def test_the_attention_writes_the_plane_when_o_reads_nothing_else(smollm):
     """A prefill attention that fuses ``"plane"`` is asked for its output as the bf16 plane alone
     exactly when the layer's o matmul reads only the plane; o then gets that Activation (no f32
@@ -250,19 +260,12 @@ def test_the_attention_writes_the_plane_when_o_reads_nothing_else(smollm):
         out = attn.fn(q, k, v, start)
         return Activation(None, out.to(torch.bfloat16)) if plane else out
 
-    def o_reading(c, reads):
-        def fn(act, **kw):
-            o_got.append(act.f32 is None)
-            plane = act.plane if act.plane is not None else act.f32.to(torch.bfloat16)
-            return c.fn(Activation(plane.float(), plane), **kw)
-        return dataclasses.replace(c, fn=fn, reads=reads)
-
     rt.attn_prefill = dataclasses.replace(attn, fn=attention, fuses=("plane",))
     try:
         got = {}
         for reads in (("plane",), ("f32", "plane")):
             asked.clear(), o_got.clear()
-            plan.prefill.update({n: o_reading(saved[n], reads) for n in o_names})
+            plan.prefill.update({n: _plane_reader(saved[n], reads, o_got) for n in o_names})
             got[reads] = model.prompt(ids, 0)
             assert asked == o_got == [reads == ("plane",)] * len(o_names)
     finally:
@@ -299,19 +302,12 @@ def test_the_gate_up_kernel_writes_the_swiglu_when_down_reads_the_plane_alone(sm
             return Activation(None, (torch.nn.functional.silu(g) * u).to(torch.bfloat16))
         return dataclasses.replace(c, fn=fn, fuses=tuple(c.fuses) + ("swiglu_out",))
 
-    def down_reading(c, reads):
-        def fn(act, **kw):
-            down_got.append(act.f32 is None)
-            plane = act.plane if act.plane is not None else act.f32.to(torch.bfloat16)
-            return c.fn(Activation(plane.float(), plane), **kw)
-        return dataclasses.replace(c, fn=fn, reads=reads)
-
     try:
         got = {}
         for reads in (("plane",), ("f32", "plane")):
             asked.clear(), down_got.clear()
             plan.prefill.update({lw.ffn[0]: gate_up(saved[lw.ffn[0]]) for lw in layers})
-            plan.prefill.update({lw.down: down_reading(saved[lw.down], reads) for lw in layers})
+            plan.prefill.update({lw.down: _plane_reader(saved[lw.down], reads, down_got) for lw in layers})
             got[reads] = model.prompt(ids, 0)
             assert asked == down_got == [reads == ("plane",)] * len(layers)
     finally:
