@@ -33,7 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .. import tiles
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import _decode, _span_words, _store, _to_fragment, glu_outputs, outputs, plane_words, stage, store_glu, tile_rows
+from .gemm_wgmma import (_decode, _span_words, _store, _to_fragment, glu_outputs, outputs, plane_words, stage,
+                         store_glu, tile_rows)
 
 
 def _bytes_layout(wg: int) -> gl.DistributedLinearLayout:
