@@ -263,33 +263,30 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
         plane = weight.planes.get(key)
         dt = torch.bfloat16 if out_bf16 else torch.float32
         glu = swiglu_out and residual is None and weight.bias is None  # the GLU epilogue: silu(g) * u
-
-        def done(y, g):
-            return Activation(None, y) if g else y
         if plane is not None and wgmma and act.rows <= tiles.WGMMA_MAX_ROWS:
-            from .prefill.gemm_wgmma import gemm_wgmma, glu_fits
-            g = glu and glu_fits(n, 64, split)
-            return done(gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
-                                   residual=residual, out_dtype=dt, glu=g), g)
-        if plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
-            from .prefill.gemm_wgmma import glu_fits
+            from .prefill.gemm_wgmma import gemm_wgmma
+            g = glu and tiles.gemm_glu_fits(n, 64, split)
+            y = gemm_wgmma(bf16_rows(act), plane, weight.bias, tiles.wgmma_rows(act.rows), split, pdl=pdl,
+                           residual=residual, out_dtype=dt, glu=g)
+        elif plane is not None and wgmma and tiles.async_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_async import gemm_wgmma_async
             tile = tiles.async_tile(qt)
             s = tiles.async_split(act.rows, n, k, tile)
-            g = glu and glu_fits(n, 64 * tile[1], s)
-            return done(gemm_wgmma_async(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual,
-                                         tile=tile, out_dtype=dt, glu=g), g)
-        if plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
-            from .prefill.gemm_wgmma import glu_fits
+            g = glu and tiles.gemm_glu_fits(n, 64 * tile[1], s)
+            y = gemm_wgmma_async(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual, tile=tile,
+                                 out_dtype=dt, glu=g)
+        elif plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
             s = tiles.ws_split(act.rows, n, k)
-            g = glu and glu_fits(n, 64 * tiles.WS_TILE[1], s)
-            return done(gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual,
-                                      out_dtype=dt, glu=g), g)
-        if plane is not None and tiles.use_fused(act.rows, n, k):
+            g = glu and tiles.gemm_glu_fits(n, 64 * tiles.WS_TILE[1], s)
+            y = gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual, out_dtype=dt,
+                              glu=g)
+        elif plane is not None and tiles.use_fused(act.rows, n, k):
             y = gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
             return y if residual is None else residual + y
-        return tiled(act, residual=residual, out_bf16=out_bf16)
+        else:
+            return tiled(act, residual=residual, out_bf16=out_bf16)
+        return Activation(None, y) if g else y
     return fn, tiled
 
 

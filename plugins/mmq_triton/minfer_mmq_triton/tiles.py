@@ -313,12 +313,19 @@ def mma_config(qt, n: int) -> tuple[int, ...]:
     return bn, 4 if qt == QT.Q4_K else MMA_Q6K_BLOCKS, MMA_WARPS, 3, split, 0
 
 
+def gemm_glu_fits(n: int, rows: int, split: int) -> bool:
+    """Whether a ``[gate | up]`` weight of ``n`` rows takes a GLU epilogue (``silu(g) * u`` written by the
+    kernel) over tiles of ``rows`` weight rows, half gate and half up: no split-K, whole tiles of gate
+    rows (the prefill warpgroup-MMA GEMMs' ``glu``)."""
+    return split == 1 and n % 2 == 0 and (n // 2) % (rows // 2) == 0
+
+
 def glu_fits(n: int, tiles: int, num_warps: int, split: int) -> bool:
     """Whether the q4_K MMA GEMV of a ``[gate | up]`` weight of ``n`` rows can also write ``silu(g) * u``
-    (``q4_k.gemv_mma``'s GLU) under this tiling: no split, and each program's half of gate rows (and of
-    up rows) whole 32-value blocks of it."""
+    (``q4_k.gemv_mma``'s GLU) under this tiling: :func:`gemm_glu_fits` over its programs' rows, each
+    program's half of gate rows (and of up rows) whole 32-value blocks of it."""
     half = 8 * tiles * num_warps
-    return split == 1 and half % 32 == 0 and n % 2 == 0 and (n // 2) % half == 0
+    return half % 32 == 0 and gemm_glu_fits(n, 2 * half, split)
 
 
 def _legacy_size(nbytes: int) -> str:

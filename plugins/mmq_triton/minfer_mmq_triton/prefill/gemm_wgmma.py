@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
 from ..q4_k.plane import Q4KPlane
+from ..tiles import gemm_glu_fits
 
 STAGE_BLOCK = 1024  # values a program of the staging kernel
 
@@ -266,7 +267,7 @@ def gemm_wgmma(a: torch.Tensor, plane, bias: torch.Tensor | None, rows: int, spl
     none. ``rows``: the MMA's N (a power of two from 8 to 256, at least M; the engine's row tile or
     group, so the instruction does not depend on how many rows came), ``split``: split-K (from the
     weight's shape); ``pdl``: every kernel (and the split reduction) launches with PDL
-    (``launch.pdl``). ``glu`` (a ``[gate | up]`` plane, :func:`glu_fits`, no bias or residual): returns
+    (``launch.pdl``). ``glu`` (a ``[gate | up]`` plane, ``tiles.gemm_glu_fits``, no bias or residual): returns
     ``silu(g) * u`` of the product's halves ``(M, N / 2)``, bf16, instead of the product."""
     if norm is not None and swiglu:
         raise ValueError("the staging kernel applies RMSNorm or SwiGLU, not both")
@@ -329,12 +330,6 @@ def store_glu(acc, w0, a0, y_ptr, M, F):
     gl.store(y_ptr + am * F + f, v.to(gl.bfloat16), mask=(am < M) & (f < F))
 
 
-def glu_fits(n: int, rows: int, split: int) -> bool:
-    """Whether a ``[gate | up]`` weight of ``n`` rows can take the GEMMs' GLU epilogue at ``rows`` weight
-    rows a tile: no split-K and whole tiles of gate rows."""
-    return split == 1 and n % 2 == 0 and (n // 2) % (rows // 2) == 0
-
-
 def plane_words(plane) -> tuple[tuple[torch.Tensor, ...], int]:
     """What the kernels read of a plane, and its ``WTYPE``: q4_K ``(qs, sc, dm)`` 0, q6_K ``(ql, qh,
     sc as int16)`` 1."""
@@ -359,7 +354,7 @@ def outputs(m: int, n: int, split: int, bias, residual, device, dtype=torch.floa
 
 def glu_outputs(m: int, n: int, rows: int, split: int, bias, residual, device):
     """:func:`outputs` for the GLU epilogue: ``silu(g) * u`` ``(m, n / 2)`` bf16, written by the kernel."""
-    assert glu_fits(n, rows, split) and bias is None and residual is None, "GLU: whole gate tiles, no split or bias"
+    assert gemm_glu_fits(n, rows, split) and bias is None and residual is None, "GLU: whole gate tiles, no split or bias"
     y = torch.empty(m, n // 2, dtype=torch.bfloat16, device=device)
     return y, y, y, y
 
