@@ -182,6 +182,10 @@ def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_p
         far = _words(gl.minimum(first + 2, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
                      stride2, WTYPE)
         for t in range(first, last):
+            # the words three spans ahead, requested before this span's stores: loaded at the loop's end,
+            # the compiler's copies into ``far`` at the next iteration's start would wait for them
+            ahead = _words(gl.minimum(t + 3, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1,
+                           stride2, WTYPE)
             for h in gl.static_range(2):
                 s = c % S
                 mbarrier.wait(empty.index(s), ((c // S) & 1) ^ 1)
@@ -193,8 +197,7 @@ def _decode_partition(x_desc, w_smem, x_smem, ready, empty, w0_ptr, w1_ptr, w2_p
                 c += 1
             lo, hi = _decode_words(t + 1, near, WTYPE)
             near = far
-            far = _words(gl.minimum(t + 3, top), w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, wb, N, stride0, stride1, stride2,
-                         WTYPE)
+            far = ahead
 
 
 @gluon.jit
