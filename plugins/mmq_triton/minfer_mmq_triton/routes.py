@@ -277,10 +277,11 @@ def _plane_fn(weight: Weight, pdl: bool = False, wgmma: bool = False):
                                  out_dtype=dt, glu=g)
         elif plane is not None and wgmma and tiles.ws_route(qt, act.rows, n, k):
             from .prefill.gemm_wgmma_ws import gemm_wgmma_ws
-            s = tiles.ws_split(act.rows, n, k)
-            g = glu and tiles.gemm_glu_fits(n, 64 * tiles.WS_TILE[1], s)
-            y = gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual, out_dtype=dt,
-                              glu=g)
+            tile = tiles.ws_tile(act.rows)
+            s = tiles.ws_split(act.rows, n, k, tile)
+            g = glu and tiles.gemm_glu_fits(n, 64 * tile[1], s)
+            y = gemm_wgmma_ws(bf16_rows(act), plane, weight.bias, s, pdl=pdl, residual=residual, tile=tile,
+                              out_dtype=dt, glu=g)
         elif plane is not None and tiles.use_fused(act.rows, n, k):
             y = gemm_planes.gemm_fused(bf16_rows(act), plane, weight.bias, pdl=pdl)
             return y if residual is None else residual + y

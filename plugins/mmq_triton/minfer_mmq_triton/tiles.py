@@ -234,15 +234,29 @@ def async_split(m: int, n: int, k: int, tile: tuple[int, int, int] = ASYNC_TILE)
 #: WS_MIN_SPANS spans, up to WS_MAX_SPLIT (down at 256 rows: 2, the fastest of 1, 2 and 4). The 7B's
 #: q6_K down as well (H200, ``--q6 --only --ws ..``): 105.0 us at 256 rows (split 2) against 125.5 for
 #: expand + cuBLAS, but 182.7 against 158.5 at 512.
+#: q4_K weights of WS_SMALL_VALUES values up to FUSED_WIDE_VALUES (the 7B's qkv, o and the mixed layers'
+#: q) run there from WGMMA_MAX_ROWS + 1 to WS_MAX_ROWS rows where one round of tiles covers the call
+#: (at most WS_PROGRAMS), at WS_SMALL_TILE up to ASYNC_MAX_ROWS rows. H200, one call, us a call with
+#: the model's residual (o) or bias (qkv, q) against expand + cuBLAS: o 17.7 / 21.4 at 129 rows, 19.5 /
+#: 25.1 at 256, 30.7 / 36.7 at 512; q 19.3 / 26.1 at 256, 27.4 / 37.1 at 512; qkv 25.9 / 30.9 at 129,
+#: 26.3 / 34.2 at 256, but 49.5 / 40.7 at 384 (144 tiles: two rounds).
 WS_MAX_ROWS, WS_MAX_ROWS_LONG_K = 512, 256
-WS_TILE = (256, 1, 5, 8, 96)
+WS_TILE, WS_SMALL_TILE = (256, 1, 5, 8, 96), (128, 1, 5, 8, 96)
 WS_PROGRAMS, WS_MIN_SPANS, WS_MAX_SPLIT = 132, 8, 4
+WS_SMALL_VALUES = 12 << 20
+
+
+def ws_tile(m: int) -> tuple[int, int, int, int, int]:
+    """The warp-specialized GEMM's tile for ``m`` rows."""
+    return WS_SMALL_TILE if m <= ASYNC_MAX_ROWS else WS_TILE
 
 
 def ws_route(qtype, m: int, n: int, k: int) -> bool:
     """Whether an ``m``-row matmul over this weight runs on the warp-specialized GEMM (Hopper)."""
-    top = WS_MAX_ROWS_LONG_K if k > n else WS_MAX_ROWS
-    return ASYNC_MAX_ROWS < m <= top and _wide(qtype, n, k)
+    if _wide(qtype, n, k):
+        return ASYNC_MAX_ROWS < m <= (WS_MAX_ROWS_LONG_K if k > n else WS_MAX_ROWS)
+    one_round = -(-m // ws_tile(m)[0]) * -(-n // 64) <= WS_PROGRAMS
+    return qtype == QT.Q4_K and n * k >= WS_SMALL_VALUES and WGMMA_MAX_ROWS < m <= WS_MAX_ROWS and one_round
 
 
 def ws_split(m: int, n: int, k: int, tile: tuple[int, ...] = WS_TILE) -> int:

@@ -167,9 +167,10 @@ def test_async_gemm_residual(split):
     assert ((y.double() - want).abs().max() / scale).item() < TOL_F16
 
 
-#: (NA, WG, STAGES, P, REGS) tiles of the warp-specialized GEMM: the routed one (``tiles.WS_TILE``), then 256
-#: and 128 activation rows, one and two MMA warpgroups, 4 and 8 decode warps, ring depths 3 to 5
-WS_TILES = [(256, 1, 5, 8, 96), (256, 2, 4, 4, 168), (128, 2, 4, 8, 128), (128, 1, 3, 4, 168)]
+#: (NA, WG, STAGES, P, REGS) tiles of the warp-specialized GEMM: the routed ones (``tiles.WS_TILE``,
+#: ``tiles.WS_SMALL_TILE``), then 256 and 128 activation rows, one and two MMA warpgroups, 4 and 8 decode
+#: warps, ring depths 3 to 5
+WS_TILES = [(256, 1, 5, 8, 96), (128, 1, 5, 8, 96), (256, 2, 4, 4, 168), (128, 2, 4, 8, 128), (128, 1, 3, 4, 168)]
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)

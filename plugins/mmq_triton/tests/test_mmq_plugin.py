@@ -200,21 +200,29 @@ def test_async_gemm_route_from_rows_and_shape():
 
 
 def test_ws_gemm_route_from_rows_and_shape():
-    """The warp-specialized GEMM serves what the H100 measured it faster for than expand + cuBLAS
-    (benchmarks/README.md): the 7B's q4_K gate|up at 129-512 rows and down (more inputs than outputs,
-    q4_K or q6_K; the H200) at 129-256; not qkv or o, not a q6_K of fewer inputs than outputs, not at
-    128 rows (the asynchronous GEMM) or above. down at 256 rows splits K 2 ways (the fastest of 1, 2
-    and 4), gate|up not at all."""
+    """The warp-specialized GEMM serves what the GPUs measured it faster for than expand + cuBLAS
+    (benchmarks/README.md, ``tiles``): the 7B's q4_K gate|up at 129-512 rows and down (more inputs than
+    outputs, q4_K or q6_K) at 129-256; its q4_K qkv and o (12M values or more) from 65 rows while one
+    round of tiles covers the call (qkv to 256 rows, o to 512), at the 128-row tile up to 128 rows;
+    not k or v (fewer values), not a q6_K of fewer inputs than outputs, not at 64 rows (the
+    synchronous GEMM), not gate|up or down at 128 rows (the asynchronous GEMM) or above 512. down at
+    256 rows splits K 2 ways (the fastest of 1, 2 and 4), gate|up not at all, o 2 ways up to 256 rows."""
     from minfer_mmq_triton import tiles
 
-    gate_up, down, qkv, o = (37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584)
+    gate_up, down, qkv, o, k = (37888, 3584), (3584, 18944), (4608, 3584), (3584, 3584), (512, 3584)
     for m in (129, 256, 512):
         assert tiles.ws_route(QT.Q4_K, m, *gate_up)
         assert tiles.ws_route(QT.Q4_K, m, *down) == tiles.ws_route(QT.Q6_K, m, *down) == (m <= 256)
-        assert not tiles.ws_route(QT.Q4_K, m, *qkv) and not tiles.ws_route(QT.Q4_K, m, *o)
         assert not tiles.ws_route(QT.Q6_K, m, *gate_up)
-    assert not any(tiles.ws_route(QT.Q4_K, m, *gate_up) for m in (64, 128, 513, 3314))
+    for m in (65, 128, 129, 256):
+        assert tiles.ws_route(QT.Q4_K, m, *qkv) and tiles.ws_route(QT.Q4_K, m, *o)
+        assert not tiles.ws_route(QT.Q4_K, m, *k) and not tiles.ws_route(QT.Q6_K, m, *k)
+    assert tiles.ws_route(QT.Q4_K, 512, *o) and not tiles.ws_route(QT.Q4_K, 384, *qkv)
+    assert not any(tiles.ws_route(QT.Q4_K, m, *w) for m in (64, 513, 3314) for w in (gate_up, qkv, o))
+    assert not tiles.ws_route(QT.Q4_K, 128, *gate_up) and not tiles.ws_route(QT.Q6_K, 128, *o)
+    assert tiles.ws_tile(128) == tiles.WS_SMALL_TILE and tiles.ws_tile(129) == tiles.WS_TILE
     assert tiles.ws_split(256, *down) == 2 and tiles.ws_split(512, *gate_up) == 1
+    assert tiles.ws_split(256, *o) == tiles.ws_split(128, *o, tiles.WS_SMALL_TILE) == 2
 
 
 def test_batched_step_puts_wide_q4k_weights_on_the_wgmma_gemm_on_hopper():
