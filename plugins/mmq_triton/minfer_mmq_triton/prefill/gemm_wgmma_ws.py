@@ -6,12 +6,13 @@ are the warps that wait on the tensor cores, and the decode adds to the MMAs ins
 them. Here the two are different warps of one program:
 
 - The *decode partition* (``P`` warps) loads a 128-value span of ``64 WG`` weight rows as int32 words
-  (two spans ahead), decodes it in f16x2 arithmetic into its low- and high-nibble halves (64 values a
-  row each: byte ``p`` of a span holds values ``p`` and ``64 + p``), and stores each half into a ring
-  slot of shared memory once the slot is free, after asking the TMA for the half's ``NA`` activation
-  rows (float16) into the same slot. q4_K masks a nibble pair straight into the mantissas of 1024.0,
-  which puts each word's values in the order 0, 2, 1, 3; the staged activations follow it
-  (``stage(perm=2)``). q6_K keeps ``prefill.gemm_wgmma``'s decode and K's own order.
+  (two spans ahead, each requested before the stores of the span three before it), decodes it in f16x2
+  arithmetic into its low- and high-nibble halves (64 values a row each: byte ``p`` of a span holds
+  values ``p`` and ``64 + p``), and stores each half into a ring slot of shared memory once the slot
+  is free, after asking the TMA for the half's ``NA`` activation rows (float16) into the same slot.
+  q4_K masks a nibble pair straight into the mantissas of 1024.0, which puts each word's values in the
+  order 0, 2, 1, 3; the staged activations follow it (``stage(perm=2)``). q6_K keeps
+  ``prefill.gemm_wgmma``'s decode and K's own order.
 - The *MMA partition* (``WG`` warpgroups, 64 weight rows each) waits for a slot, orders the decode
   warps' stores before its own reads (the proxy fence: in the decode warps it compiles to a
   ``MEMBAR.ALL.CTA`` that waits for their loads of the spans ahead: 3-6% of a call), issues its ``wgmma``
