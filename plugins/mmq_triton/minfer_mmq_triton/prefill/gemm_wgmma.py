@@ -234,12 +234,22 @@ def _gemm_wgmma_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
         acc = warpgroup_mma(_to_fragment(lo, A), x_lo.permute((1, 0)), acc)
         acc = warpgroup_mma(_to_fragment(hi, A), x_hi.permute((1, 0)), acc)
 
+    store_tile(acc, w0, 0, gl.program_id(1), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES, GLU)
+
+
+@gluon.jit
+def store_tile(acc, w0, a0, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
+               HAS_RES: gl.constexpr, GLU: gl.constexpr):
+    """A tile's sums ``acc`` (weight rows from ``w0``, activation rows from ``a0``) into ``y`` ``(M, N)``
+    (+ bias, + the residual), or with ``SPLIT > 1`` into split ``part`` of the partials ``(SPLIT, M,
+    N)``; under GLU ``silu(g) * u`` (:func:`store_glu`)."""
     if GLU:
-        store_glu(acc, w0, 0, y_ptr, M, N // 2)
+        store_glu(acc, w0, a0, y_ptr, M, N // 2)
     else:
-        wr = w0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))[:, None]
-        am = gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-        _store(acc, wr, am, gl.program_id(1), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+        L: gl.constexpr = acc.type.layout
+        wr = w0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, L))[:, None]
+        am = a0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, L))[None, :]
+        _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
 
 
 @gluon.jit

@@ -33,8 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .. import tiles
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import (_decode, _span_words, _store, _to_fragment, glu_outputs, outputs, plane_words, stage,
-                         store_glu, tile_rows)
+from .gemm_wgmma import (_decode, _span_words, _to_fragment, glu_outputs, outputs, plane_words, stage, store_tile,
+                         tile_rows)
 
 
 def _bytes_layout(wg: int) -> gl.DistributedLinearLayout:
@@ -122,12 +122,7 @@ def _gemm_async_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, bias_ptr, res_ptr, y_ptr, 
     acc = _spans(acc, x_lo, x_hi, x_ptr, x_off, kk, first, last, spans, w0_ptr, w1_ptr, w2_ptr, rb, sb, cb, ib, N,
                  stride0, stride1, stride2, A, STAGES, WTYPE)
 
-    if GLU:
-        store_glu(acc, w0, a0, y_ptr, M, N // 2)
-    else:
-        wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
-        am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-        _store(acc, wr, am, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+    store_tile(acc, w0, a0, gl.program_id(2), bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES, GLU)
 
 
 #: (NA, WG, STAGES): activation rows and weight warpgroups a program, ring slots; the route's.

@@ -48,7 +48,7 @@ from .. import tiles
 from ..launch.device import sm_count
 from ..launch.pdl import enter, launch_args
 from ..launch.rows import reduce_splits
-from .gemm_wgmma import _q4k_scales, _q6k_ptx, _store, glu_outputs, outputs, plane_words, stage, store_glu, tile_rows
+from .gemm_wgmma import _q4k_scales, _q6k_ptx, glu_outputs, outputs, plane_words, stage, store_tile, tile_rows
 
 
 @functools.cache  # built once: a launch passes it as a constexpr, and building one takes ~20 us of host time
@@ -226,12 +226,7 @@ def _mma_partition(w_smem, x_smem, ready, empty, bias_ptr, res_ptr, y_ptr, M, N,
         acc = warpgroup_mma_wait(0, deps=[acc])
         gl.thread_barrier()
         mbarrier.arrive(empty.index((c + S - 1) % S), pred=halves > 0)
-        if GLU:
-            store_glu(acc, w0, a0, y_ptr, M, N // 2)
-        else:
-            wr = w0 + gl.arange(0, R, layout=gl.SliceLayout(1, MMA))[:, None]
-            am = a0 + gl.arange(0, NA, layout=gl.SliceLayout(0, MMA))[None, :]
-            _store(acc, wr, am, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES)
+        store_tile(acc, w0, a0, part, bias_ptr, res_ptr, y_ptr, M, N, SPLIT, HAS_BIAS, HAS_RES, GLU)
 
 
 @gluon.jit
