@@ -17,7 +17,7 @@ them. Here the two are different warps of one program:
   warps' stores before its own reads (the proxy fence: in the decode warps it compiles to a
   ``MEMBAR.ALL.CTA`` that waits for their loads of the spans ahead: 3-6% of a call), issues its ``wgmma``
   (both operands from shared memory, K = 64) asynchronously, hands the previous slot back once its MMA
-  has completed, and at the end of a tile stores it (``prefill.gemm_wgmma._store``, so split-K
+  has completed, and at the end of a tile stores it (``prefill.gemm_wgmma.store_tile``, so split-K
   partials and the residual work as in the other GEMMs) while the decode partition fills the ring for
   the next.
 
