@@ -50,25 +50,46 @@ def adds_in_gemm(device_type: str) -> bool:
         return False
 
 
+@lru_cache(maxsize=None)
+def adds_in_place(device_type: str) -> bool:
+    """Whether ``torch.addmm(c, ..., out_dtype=float32, out=c)`` writes the sum over ``c`` with the bits
+    of the out-of-place call: cuBLAS then reads and writes ``c`` in the epilogue, where the out-of-place
+    call first copies ``c`` into a new output (a full pass over it)."""
+    if not adds_in_gemm(device_type):
+        return False
+    try:
+        a = ((torch.arange(32 * 64, device="cuda") % 13 - 6).view(32, 64) / 8).bfloat16()
+        c = (torch.arange(32 * 32, device="cuda") % 7 - 3).view(32, 32) / 4
+        want = torch.addmm(c, a, a[:32].t(), out_dtype=torch.float32)
+        got = torch.addmm(c, a, a[:32].t(), out_dtype=torch.float32, out=c)
+        return got.data_ptr() == c.data_ptr() and torch.equal(c, want)
+    except (TypeError, RuntimeError):
+        return False
+
+
 def probe(device) -> None:
     """Settle which GEMM entry point :func:`mm_f32` uses on ``device`` (call at load time)."""
+    adds_in_place(torch.device(device).type)
     writes_out(torch.device(device).type)
-    adds_in_gemm(torch.device(device).type)
 
 
 def mm_f32(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+           out: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+           into_residual: bool = False) -> torch.Tensor:
     """``[residual +] a`` bf16 ``(M, K)`` @ ``w`` bf16 ``(N, K)``.T (+ bias) -> float32 ``(M, N)``, into
     ``out`` when given (written by the GEMM itself where it is contiguous and :func:`writes_out`).
 
     On CUDA one cuBLAS GEMM writes float32 directly (torch >= 2.8), adding the bias or the float32
-    ``residual`` ``(M, N)`` in its epilogue where :func:`adds_in_gemm`; on the CPU (interpreter
+    ``residual`` ``(M, N)`` in its epilogue where :func:`adds_in_gemm`, over the residual itself with
+    ``into_residual`` (the caller gives it up) where :func:`adds_in_place`; on the CPU (interpreter
     tests) the bf16 operands are multiplied in float32, the same product up to summation order.
     """
     dev = a.device.type
     into = {"out": out} if out is not None and out.is_contiguous() and writes_out(dev) else {}
     c = residual if bias is None else bias if residual is None else None
     if c is not None and not into and adds_in_gemm(dev):
+        if into_residual and c is residual and residual.is_contiguous() and adds_in_place(dev):
+            return torch.addmm(c, a, w.t(), out_dtype=torch.float32, out=c)
         return torch.addmm(c, a, w.t(), out_dtype=torch.float32)
     if has_out_dtype(dev):
         y = torch.mm(a, w.t(), out_dtype=torch.float32, **into)

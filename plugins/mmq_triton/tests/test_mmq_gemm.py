@@ -86,9 +86,30 @@ def test_prefill_candidate_adds_the_residual(qt, m, make_ctx):
     assert "residual" in c.fuses
     x = torch.randn(m, k, device=DEV)
     r = torch.randn(m, n, device=DEV) * 4
-    y = c.fn(Activation(x, x.to(torch.bfloat16)), residual=r)
+    y = c.fn(Activation(x, x.to(torch.bfloat16)), residual=r.clone())  # the kernel may write the sum over r
     assert y.shape == (m, n) and not torch.equal(y, r)
     _check(y - r, x, w, n)
+
+
+@pytest.mark.cuda
+def test_cublas_product_writes_the_sum_over_the_residual():
+    """The expand route's GEMM (``scratch.product``) adds a residual it is given up in cuBLAS's epilogue
+    over the residual itself (no copy of it into a new output first): the residual's storage comes back,
+    holding the out-of-place call's bits, and the sum within bf16 GEMM error of the float64 oracle."""
+    from minfer_core import linalg
+    from minfer_mmq_triton.launch import scratch
+
+    assert linalg.adds_in_place("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(300, 512, generator=gen, device="cuda").bfloat16()
+    w = torch.randn(640, 512, generator=gen, device="cuda").bfloat16()
+    r = torch.randn(300, 640, generator=gen, device="cuda")
+    want = torch.addmm(r, a, w.t(), out_dtype=torch.float32)
+    oracle = r.double() + a.double() @ w.double().t()
+    given = r.clone()
+    y = scratch.product(a, w, None, residual=given)
+    assert y.data_ptr() == given.data_ptr() and torch.equal(y, want)
+    assert float((y.double() - oracle).abs().max()) < 1e-3 * float(oracle.abs().max())
 
 
 @pytest.mark.parametrize("qt", SERVED)
@@ -204,7 +225,7 @@ def test_jit_matmul_row_chunks(monkeypatch):
     _check(y, x, w, n)
     r = torch.randn(m, n, device=DEV)
     y_r = scratch.jit_matmul(x.to(torch.bfloat16), n, k, w.bias,
-                             lambda o, r0, r1: dequant_raw(w.raw, w.qtype, k, o, r0, r1), residual=r)
+                             lambda o, r0, r1: dequant_raw(w.raw, w.qtype, k, o, r0, r1), residual=r.clone())
     torch.testing.assert_close(y_r, y + r)
 
 

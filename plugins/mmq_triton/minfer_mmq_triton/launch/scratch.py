@@ -27,11 +27,12 @@ def bf16_rows(act: Activation) -> torch.Tensor:
 
 def product(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor] = None,
             out_bf16: bool = False) -> torch.Tensor:
-    """``[residual +] a @ w.T (+ bias)`` in one cuBLAS GEMM where it can: float32, or bf16 with
-    ``out_bf16`` (written so by the GEMM when there is no residual)."""
+    """``[residual +] a @ w.T (+ bias)`` in one cuBLAS GEMM where it can: float32 (over the residual,
+    which the caller gives up), or bf16 with ``out_bf16`` (written so by the GEMM when there is no
+    residual)."""
     if out_bf16 and residual is None:
         return mm_bf16(a, w, bias)
-    y = mm_f32(a, w, bias, residual=residual)
+    y = mm_f32(a, w, bias, residual=residual, into_residual=True)
     return y.to(torch.bfloat16) if out_bf16 else y
 
 

@@ -190,24 +190,30 @@ class SplitKVAttention:
 
 def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
                   plane: bool = False) -> torch.Tensor | Activation:
-    """Causal GQA prefill attention through torch SDPA in f16 (its flash kernel on the GPU).
+    """Causal GQA prefill attention through torch SDPA in f16 (cuDNN's or the flash kernel on the GPU).
 
     q (T, H, D) f32, k/v (start+T, Hkv, D) f16 from the cache -> (T, H*D) f32, or with ``plane``
     an :class:`Activation` of the bf16 rows alone (one conversion of SDPA's output, which lies
-    token-major already). K/V heads are repeated to H so the flash backend always applies (it
-    costs a copy of this layer's K/V).
+    token-major already). A prompt from an empty cache runs as ``Hkv`` sequences of ``H / Hkv``
+    query heads that all read one K/V head (a stride-0 head axis: no copy of K/V); after cached
+    rows (a bottom-right causal mask) K/V heads are repeated to H, which costs a copy of this
+    layer's K/V.
     """
     t, h, d = q.shape
-    rep = h // k.shape[1]
-    qh = q.to(k.dtype).transpose(0, 1)[None]
-    kh = k.transpose(0, 1).repeat_interleave(rep, 0)[None]
-    vh = v.transpose(0, 1).repeat_interleave(rep, 0)[None]
+    hkv = k.shape[1]
+    rep = h // hkv
     if start == 0:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        qg = q.to(k.dtype).view(t, hkv, rep, d).permute(1, 2, 0, 3)
+        kg = k.permute(1, 0, 2)[:, None].expand(hkv, rep, k.shape[0], d)
+        vg = v.permute(1, 0, 2)[:, None].expand(hkv, rep, v.shape[0], d)
+        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).permute(2, 0, 1, 3)
     else:  # new rows see every cached position and the new ones up to themselves: causal, aligned
         # to the bottom right, which the fused kernels apply themselves (no mask tensor)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, start + t))
-    o = o[0].transpose(0, 1).reshape(t, h * d)
+        qh = q.to(k.dtype).transpose(0, 1)[None]
+        kh = k.transpose(0, 1).repeat_interleave(rep, 0)[None]
+        vh = v.transpose(0, 1).repeat_interleave(rep, 0)[None]
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, start + t))[0].transpose(0, 1)
+    o = o.reshape(t, h * d)
     return Activation(None, o.to(torch.bfloat16)) if plane else o.float()
 
 
