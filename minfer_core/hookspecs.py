@@ -82,9 +82,9 @@ def minfer_matmul_candidates(weight, phase, ctx):
     plane (prefill only); the fuse mode 2 is kept only when every chosen prefill kernel does. A
     candidate whose ``fuses`` holds ``"residual"`` adds the block's residual itself
     (``fn(x, residual=r)``, and may write the sum over ``r``, which the core no longer reads); the
-    core adds it otherwise. A prefill candidate whose ``fuses`` holds
-    ``"bf16_out"`` may return a product that feeds only the SwiGLU in bf16 (``fn(x, out_bf16=True)``),
-    and one whose ``fuses`` holds ``"swiglu_out"`` the SwiGLU's output itself (``Candidate.fuses``).
+    core adds it otherwise. A prefill candidate whose ``fuses`` holds ``"bf16_out"`` may return a
+    product that feeds only the SwiGLU in bf16 (``fn(x, out_bf16=True)``), and one whose ``fuses``
+    holds ``"swiglu_out"`` the SwiGLU's output itself (``Candidate.fuses``).
     """
 
 

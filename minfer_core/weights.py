@@ -78,8 +78,8 @@ class Candidate:
     ``gate``: the gate this candidate depends on, if any (for ``minfer gates``).
     ``fuses``: what ``fn`` also does when asked through keywords, so the step needs fewer
     launches: ``"residual"``: ``fn(x, residual=r)`` returns ``r + x @ W.T (+ b)`` (decode and
-    prefill matmuls; ``r`` float32 ``(M, N)``, contiguous, given up by the caller: ``fn`` may write the
-    sum over it); (decode matmuls) ``"rmsnorm"``: ``fn(h,
+    prefill matmuls; ``r`` float32 ``(M, N)``, contiguous, given up by the caller: ``fn`` may write
+    the sum over it); (decode matmuls) ``"rmsnorm"``: ``fn(h,
     norm=(w, eps))`` multiplies ``rmsnorm(h) * w`` by the weight; ``"swiglu"``: ``fn(gu,
     swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``; ``"glu_out"`` (a ``[gate | up]``
     weight): ``fn(x, glu_out=True)`` returns an :class:`Activation`, ``f32`` the product and ``forms``
