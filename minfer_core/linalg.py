@@ -20,6 +20,11 @@ def has_out_dtype(device_type: str) -> bool:
         return False
 
 
+def _probe_operand() -> torch.Tensor:
+    """A (32, 64) bf16 CUDA matrix of small exact values for the probes below (no global RNG draw)."""
+    return (torch.arange(32 * 64, device="cuda") % 13 - 6).view(32, 64).bfloat16() / 8
+
+
 @lru_cache(maxsize=None)
 def writes_out(device_type: str) -> bool:
     """Whether that GEMM also writes a given contiguous float32 tensor (``out=``) with the bits it
@@ -27,7 +32,7 @@ def writes_out(device_type: str) -> bool:
     if not has_out_dtype(device_type):
         return device_type == "cpu"
     try:
-        a = (torch.arange(32 * 64, device="cuda") % 13 - 6).view(32, 64).bfloat16() / 8  # no global RNG draw
+        a = _probe_operand()
         y = torch.empty(64, 32, device="cuda")
         torch.mm(a, a[:32].t(), out_dtype=torch.float32, out=y[16:48])
         return torch.equal(y[16:48], torch.mm(a, a[:32].t(), out_dtype=torch.float32))
@@ -58,7 +63,7 @@ def adds_in_place(device_type: str) -> bool:
     if not adds_in_gemm(device_type):
         return False
     try:
-        a = ((torch.arange(32 * 64, device="cuda") % 13 - 6).view(32, 64) / 8).bfloat16()
+        a = _probe_operand()
         c = (torch.arange(32 * 32, device="cuda") % 7 - 3).view(32, 32) / 4
         want = torch.addmm(c, a, a[:32].t(), out_dtype=torch.float32)
         got = torch.addmm(c, a, a[:32].t(), out_dtype=torch.float32, out=c)

@@ -202,14 +202,15 @@ def prefill_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
     t, h, d = q.shape
     hkv = k.shape[1]
     rep = h // hkv
+    q = q.to(k.dtype)
     if start == 0:
-        qg = q.to(k.dtype).view(t, hkv, rep, d).permute(1, 2, 0, 3)
+        qg = q.view(t, hkv, rep, d).permute(1, 2, 0, 3)
         kg = k.permute(1, 0, 2)[:, None].expand(hkv, rep, k.shape[0], d)
         vg = v.permute(1, 0, 2)[:, None].expand(hkv, rep, v.shape[0], d)
         o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).permute(2, 0, 1, 3)
     else:  # new rows see every cached position and the new ones up to themselves: causal, aligned
         # to the bottom right, which the fused kernels apply themselves (no mask tensor)
-        qh = q.to(k.dtype).transpose(0, 1)[None]
+        qh = q.transpose(0, 1)[None]
         kh = k.transpose(0, 1).repeat_interleave(rep, 0)[None]
         vh = v.transpose(0, 1).repeat_interleave(rep, 0)[None]
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(t, start + t))[0].transpose(0, 1)

@@ -364,7 +364,8 @@ def outputs(m: int, n: int, split: int, bias, residual, device, dtype=torch.floa
 
 def glu_outputs(m: int, n: int, rows: int, split: int, bias, residual, device):
     """:func:`outputs` for the GLU epilogue: ``silu(g) * u`` ``(m, n / 2)`` bf16, written by the kernel."""
-    assert gemm_glu_fits(n, rows, split) and bias is None and residual is None, "GLU: whole gate tiles, no split or bias"
+    assert gemm_glu_fits(n, rows, split) and bias is None and residual is None, \
+        "GLU: whole gate tiles, no split, bias or residual"
     y = torch.empty(m, n // 2, dtype=torch.bfloat16, device=device)
     return y, y, y, y
 
