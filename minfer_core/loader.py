@@ -18,7 +18,8 @@ from .weights import Weight
 
 @dataclass
 class LayerNames:
-    """Names of one block's matmul weights after fusion (``qkv`` or ``q``/``k``/``v``; ``gate_up`` or both)."""
+    """Names of one block's matmul weights after fusion (``qkv``, ``qk``/``v`` or ``q``/``k``/``v``; ``gate_up``
+    or both)."""
 
     attn: tuple[str, ...]
     o: str
@@ -43,7 +44,9 @@ def _fusable(entries: list[TensorEntry]) -> bool:
 
 
 def _plan_weights(f: GGUFFile, cfg: ModelConfig):
-    """Yield (name, role, [entries], [bias entries or None]) in model order, fused where types agree."""
+    """Yield (name, role, [entries], [bias entries or None]) in model order, fused where types agree: q, k
+    and v as one ``qkv`` weight, or q and k as one ``qk`` weight where only v's type differs (Q4_K_M gives
+    some layers a q6_K v)."""
     t = f.tensors
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
@@ -51,6 +54,9 @@ def _plan_weights(f: GGUFFile, cfg: ModelConfig):
         biases = [t.get(p + f"attn_{x}.bias") for x in "qkv"]
         if _fusable(qkv):
             yield p + "attn_qkv", "qkv", qkv, biases
+        elif _fusable(qkv[:2]):
+            yield p + "attn_qk", "qk", qkv[:2], biases[:2]
+            yield p + "attn_v", "v", qkv[2:], biases[2:]
         else:
             for x, e, b in zip("qkv", qkv, biases):
                 yield p + f"attn_{x}", x, [e], [b]
@@ -115,7 +121,7 @@ def load_params(f: GGUFFile, cfg: ModelConfig, weights: list[Weight], device: to
             by_layer.setdefault(int(w.name.split(".")[1]), {})[w.role] = w.name
     for i in range(cfg.n_layers):
         d = by_layer[i]
-        attn = (d["qkv"],) if "qkv" in d else (d["q"], d["k"], d["v"])
+        attn = (d["qkv"],) if "qkv" in d else (d["qk"], d["v"]) if "qk" in d else (d["q"], d["k"], d["v"])
         ffn = (d["gate_up"],) if "gate_up" in d else (d["gate"], d["up"])
         layers.append(LayerNames(attn, d["o"], ffn, d["down"]))
 

@@ -210,8 +210,12 @@ class Transformer:
         return self.rt.embed(self.p.tok_embd, self.p.tok_embd_type, self.cfg.n_embd, tokens)
 
     def split_qkv(self, outs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """q, k, v from the outputs of a layer's attention weights (one fused qkv, or three)."""
-        return outs[0].split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1) if len(outs) == 1 else tuple(outs)
+        """q, k, v from the outputs of a layer's attention weights (one fused qkv, qk and v, or three)."""
+        if len(outs) == 1:
+            return outs[0].split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        if len(outs) == 2:
+            return (*outs[0].split([self.q_dim, self.kv_dim], dim=-1), outs[1])
+        return tuple(outs)
 
     @staticmethod
     def join_gate_up(outs: list[torch.Tensor]) -> torch.Tensor:

@@ -15,7 +15,7 @@ class Weight:
     ``raw`` holds the GGUF blocks as a uint8 tensor of shape ``(n_out, bytes_per_row)`` on the
     compute device (rows are independent, so fused weights are concatenations of rows).
     ``qtype`` is a :class:`gguf.GGMLQuantizationType`. ``bias`` is an optional f32 vector.
-    ``role`` names the job in the block: ``qkv``, ``q``, ``k``, ``v``, ``o``, ``gate_up``,
+    ``role`` names the job in the block: ``qkv``, ``qk``, ``q``, ``k``, ``v``, ``o``, ``gate_up``,
     ``gate``, ``up``, ``down``, ``output``.
     """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import lzma
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -103,6 +104,25 @@ def table_weights(path):
 def loaded_weights(path):
     f = open_gguf(path)
     return weights_from_file(f, config_from_gguf(f), torch.device("cpu"))
+
+
+def test_q_and_k_share_one_weight_where_only_v_differs(plane_model, mixed_model, tmp_path):
+    """q and k fuse into ``attn_qk`` (their rows, then their biases, one after the other) when v's type
+    differs from theirs, as Q4_K_M's q6_K v layers; all three fuse when the types agree. Oracle: the
+    file's own tensors, read by the GGUF reader."""
+    uniform = write_tiny_model(tmp_path / "uniform.gguf", {"attn_v": QT.Q4_K})
+    assert {w.role for w in loaded_weights(uniform) if w.name.startswith("blk.0.attn_")} == {"qkv", "o"}
+    for path in (plane_model, mixed_model):  # v q6_K under q4_K q / k; v q8_0 under q5_0 q / k
+        ws = {w.name: w for w in loaded_weights(path)}
+        table = open_gguf(path).tensors
+        assert "blk.0.attn_q" not in ws and "blk.0.attn_k" not in ws and ws["blk.0.attn_v"].role == "v"
+        qk = ws["blk.0.attn_qk"]
+        parts = [table[f"blk.0.attn_{x}.weight"] for x in "qk"]
+        rows = [np.ascontiguousarray(e.data).view(np.uint8).reshape(e.shape[0], -1) for e in parts]
+        assert qk.role == "qk" and qk.qtype == parts[0].qtype and qk.shape == (256 + 128, 256)
+        assert torch.equal(qk.raw, torch.from_numpy(np.concatenate(rows)))
+        bias = np.concatenate([np.ascontiguousarray(table[f"blk.0.attn_{x}.bias"].data).view(np.float32) for x in "qk"])
+        assert torch.equal(qk.bias, torch.from_numpy(bias))
 
 
 # -- stand-ins for the project's plugins ------------------------------------------------------
@@ -473,9 +493,10 @@ def test_real_mixed_model_degrades_naming_the_tensor(policy, qwen_path):
     plan = plan_for(policy, ws)
     assert plan.fuse_mode == 1 == plan.model_fuse_mode
     named = plan.fuse_reason.split("degraded to 1: ")[1].split(" is ")[0]
-    # oracle: the file's own tensor table, read by the GGUF reader
+    # oracle: the file's own tensor table, read by the GGUF reader (a fused q|k or q|k|v weight: its q)
     table = open_gguf(qwen_path).tensors
-    entry = table.get(named + ".weight") or table[named]
+    entry = table.get(named + ".weight") or table.get(named) or \
+        table[re.sub(r"attn_qkv?$", "attn_q", named) + ".weight"]
     assert entry.qtype not in (QT.Q4_K, QT.Q6_K)
     assert f"is {entry.qtype.name}" in plan.fuse_reason
     before = [w for w in ws[:[w.name for w in ws].index(named)]]
@@ -499,7 +520,7 @@ def run_labels(policy, path, env, make_pm=lambda: manager(*all_standins()), deco
         ones = torch.ones(256)
         for i in range(2):
             a = rt.rmsnorm(h, ones, 1e-6) if T > 1 else h
-            for n in (f"blk.{i}.attn_qkv", f"blk.{i}.attn_q", f"blk.{i}.attn_k", f"blk.{i}.attn_v"):
+            for n in (f"blk.{i}.attn_qkv", f"blk.{i}.attn_qk", f"blk.{i}.attn_q", f"blk.{i}.attn_k", f"blk.{i}.attn_v"):
                 if n in byname:
                     rt.linear(n, a)
             o = torch.randn(T, 256)
@@ -665,7 +686,7 @@ def test_trace_prints_hook_calls_and_winners(policy, mixed_model, capsys):
                register=False)
     err = capsys.readouterr().err
     assert "[minfer plugins] minfer_applicable() mmq_triton -> None" in err
-    assert "minfer_matmul_candidates(weight=blk.0.attn_q, phase='prefill') mmq_triton -> [mmq.generic.q5_0]" in err
-    assert "prefill blk.0.attn_q (Q5_0 256x256): mmq_triton:mmq.generic.q5_0 > f16_wmma:f16.gemm > reference:ref.q5_0" \
-           "  => mmq.generic.q5_0" in err
-    assert "fuse mode 1 (mode 2 degraded to 1: blk.0.attn_q is Q5_0" in err
+    assert "minfer_matmul_candidates(weight=blk.0.attn_qk, phase='prefill') mmq_triton -> [mmq.generic.q5_0]" in err
+    assert "prefill blk.0.attn_qk (Q5_0 384x256): mmq_triton:mmq.generic.q5_0 > f16_wmma:f16.gemm > " \
+           "reference:ref.q5_0  => mmq.generic.q5_0" in err
+    assert "fuse mode 1 (mode 2 degraded to 1: blk.0.attn_qk is Q5_0" in err

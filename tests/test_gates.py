@@ -164,14 +164,14 @@ def test_gates_model_on_cpu_shows_model_and_hardware(capsys, monkeypatch, qwen_p
     rc, out, _ = gates_cli(capsys, "-m", str(qwen_path), "--json")
     m = json.loads(out)["model"]
     assert m["model_fuse_mode"] == 1
-    assert re.search(r"degraded to 1: blk\.0\.attn_q is Q5_0", m["model_fuse_reason"]), m["model_fuse_reason"]
+    assert re.search(r"degraded to 1: blk\.0\.attn_qk is Q5_0", m["model_fuse_reason"]), m["model_fuse_reason"]
     assert m["fuse_mode"] == 0 and m["fuse_off_reason"].startswith("mmq_triton cannot run here: ")
     assert m["fuse_reason"] == f"fused producers off: {m['fuse_off_reason']}" and m["fuse_plugin"] == "mmq_triton"
     rows = {(r["class"], r["qtype"]): r for r in m["kernels"]["prefill"]}
     assert rows[("output", "q8_0")]["tensors"] == 1 and rows[("down", "q6_k")]["label"]
     assert sum(r["tensors"] for r in m["kernels"]["decode"]) == m["matmul_weights"]
     _, text, _ = gates_cli(capsys, "-m", str(qwen_path))
-    assert "the model allows fuse mode 1 (mode 2 degraded to 1: blk.0.attn_q is Q5_0" in text
+    assert "the model allows fuse mode 1 (mode 2 degraded to 1: blk.0.attn_qk is Q5_0" in text
     assert "here (cpu): fuse mode 0 (fused producers off: mmq_triton cannot run here: " in text
     assert m["kernels"]["decode_step"] is m["kernels"]["batch_step"] is None  # cuda_graphs needs a GPU
     assert "  decode step: plain (not wrapped)\n" in text and "  batch step: plain (not wrapped)\n" in text

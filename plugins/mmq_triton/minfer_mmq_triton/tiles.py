@@ -39,7 +39,7 @@ LONG_K = 8192
 #: 7B's q and o (7.2 MB) took 7.6 us a call as float GEMVs and 5.4 + 1.3 (the quantizer) on MMA (H200,
 #: ``step_timeline.py``), tg128 443.5 -> 453.7, at depth 4,096 416.9 -> 425.0 (one call, alternating).
 INT8_MIN_BYTES, INT8_MIN_BYTES_MMA = 16 << 20, 4 << 20
-INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "gate_up", "output")
+INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "qk", "gate_up", "output")
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 #: Legacy rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one (masked) step covers the
 #: whole row (4 or 8 rows a program), so no program waits for memory twice.
