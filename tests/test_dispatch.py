@@ -121,7 +121,8 @@ def test_q_and_k_share_one_weight_where_only_v_differs(plane_model, mixed_model,
         rows = [np.ascontiguousarray(e.data).view(np.uint8).reshape(e.shape[0], -1) for e in parts]
         assert qk.role == "qk" and qk.qtype == parts[0].qtype and qk.shape == (256 + 128, 256)
         assert torch.equal(qk.raw, torch.from_numpy(np.concatenate(rows)))
-        bias = np.concatenate([np.ascontiguousarray(table[f"blk.0.attn_{x}.bias"].data).view(np.float32) for x in "qk"])
+        bias = np.concatenate([np.ascontiguousarray(table[f"blk.0.attn_{x}.bias"].data).view(np.float32)
+                               for x in "qk"])
         assert torch.equal(qk.bias, torch.from_numpy(bias))
 
 
@@ -520,7 +521,7 @@ def run_labels(policy, path, env, make_pm=lambda: manager(*all_standins()), deco
         ones = torch.ones(256)
         for i in range(2):
             a = rt.rmsnorm(h, ones, 1e-6) if T > 1 else h
-            for n in (f"blk.{i}.attn_qkv", f"blk.{i}.attn_qk", f"blk.{i}.attn_q", f"blk.{i}.attn_k", f"blk.{i}.attn_v"):
+            for n in (f"blk.{i}.attn_{x}" for x in ("qkv", "qk", "q", "k", "v")):
                 if n in byname:
                     rt.linear(n, a)
             o = torch.randn(T, 256)
