@@ -235,11 +235,12 @@ def async_split(m: int, n: int, k: int, tile: tuple[int, int, int] = ASYNC_TILE)
 #: q6_K down as well (H200, ``--q6 --only --ws ..``): 105.0 us at 256 rows (split 2) against 125.5 for
 #: expand + cuBLAS, but 182.7 against 158.5 at 512.
 #: q4_K weights of WS_SMALL_VALUES values up to FUSED_WIDE_VALUES (the 7B's qkv, o and the mixed layers'
-#: q) run there from WGMMA_MAX_ROWS + 1 to WS_MAX_ROWS rows where one round of tiles covers the call
-#: (at most WS_PROGRAMS), at WS_SMALL_TILE up to ASYNC_MAX_ROWS rows. H200, one call, us a call with
-#: the model's residual (o) or bias (qkv, q) against expand + cuBLAS: o 17.7 / 21.4 at 129 rows, 19.5 /
-#: 25.1 at 256, 30.7 / 36.7 at 512; q 19.3 / 26.1 at 256, 27.4 / 37.1 at 512; qkv 25.9 / 30.9 at 129,
-#: 26.3 / 34.2 at 256, but 49.5 / 40.7 at 384 (144 tiles: two rounds).
+#: qk) run there from WGMMA_MAX_ROWS + 1 to WS_MAX_ROWS rows where one round of tiles covers the call
+#: (at most WS_PROGRAMS), at WS_SMALL_TILE up to ASYNC_MAX_ROWS rows. H200, one call (q measured alone,
+#: before q and k became one weight), us a call with the model's residual (o) or bias (qkv, q) against
+#: expand + cuBLAS: o 17.7 / 21.4 at 129 rows, 19.5 / 25.1 at 256, 30.7 / 36.7 at 512; q 19.3 / 26.1 at
+#: 256, 27.4 / 37.1 at 512; qkv 25.9 / 30.9 at 129, 26.3 / 34.2 at 256, but 49.5 / 40.7 at 384 (144
+#: tiles: two rounds).
 WS_MAX_ROWS, WS_MAX_ROWS_LONG_K = 512, 256
 WS_TILE, WS_SMALL_TILE = (256, 1, 5, 8, 96), (128, 1, 5, 8, 96)
 WS_PROGRAMS, WS_MIN_SPANS, WS_MAX_SPLIT = 132, 8, 4
