@@ -68,11 +68,13 @@ def _span_sums(qa, qb, b0, b1):
 def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
                 asp, hsp, x_valid, x_run, xb_off, EVEN: gl.constexpr):
     """Everything step ``t0`` (spans ``t0 .. t0 + S - 1``, none at or past ``hi`` unless EVEN) reads:
-    quant words of rows g / g + 8, scale words, x block scales and sums, the lane's x run."""
+    quant words of rows g / g + 8, scale words, x block scales and sums, the lane's x run. The quant
+    words, read once, leave L1 first (``evict_first``), so x and the scale sectors that the next step
+    reads again stay there (``tiles.mma_evict_first``)."""
     xb = xb_off + t0 * 4
     if EVEN:
-        qa = gl.load(qw_ptr + qa_off + t0 * 16)
-        qb = gl.load(qw_ptr + qb_off + t0 * 16)
+        qa = gl.load(qw_ptr + qa_off + t0 * 16, eviction_policy="evict_first")
+        qb = gl.load(qw_ptr + qb_off + t0 * 16, eviction_policy="evict_first")
         scw = gl.load(sc_ptr + sc_off + t0 * 2)
         dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2)
         xs = gl.load(xs_ptr + xb)
@@ -81,8 +83,8 @@ def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, 
     else:
         tm6 = (t0 + asp) < hi
         tmh = (t0 + hsp) < hi
-        qa = gl.load(qw_ptr + qa_off + t0 * 16, mask=tm6, other=0)
-        qb = gl.load(qw_ptr + qb_off + t0 * 16, mask=tm6, other=0)
+        qa = gl.load(qw_ptr + qa_off + t0 * 16, mask=tm6, other=0, eviction_policy="evict_first")
+        qb = gl.load(qw_ptr + qb_off + t0 * 16, mask=tm6, other=0, eviction_policy="evict_first")
         scw = gl.load(sc_ptr + sc_off + t0 * 2, mask=tmh, other=0)
         dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2, mask=tmh, other=0)
         xs = gl.load(xs_ptr + xb, mask=tmh, other=0.0)

@@ -63,9 +63,10 @@ def _gemv_q6k_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    PDL: gl.constexpr,
+    PDL: gl.constexpr, EVICT: gl.constexpr = "",
 ):
-    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks."""
+    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks.
+    EVICT: the L1 eviction policy of the quant words (``tiles.mma_evict_first``)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -115,10 +116,10 @@ def _gemv_q6k_mma_kernel(
     acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     for b0_ in range(lo, hi, S):
         if EVEN:
-            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col)
-            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col)
-            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col)
-            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col)
+            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, eviction_policy=EVICT)
+            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, eviction_policy=EVICT)
+            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, eviction_policy=EVICT)
+            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, eviction_policy=EVICT)
             xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid, other=0)
             scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
             sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
@@ -129,10 +130,10 @@ def _gemv_q6k_mma_kernel(
         else:
             bm7 = (b0_ + ab) < hi
             bm6 = (b0_ + sb) < hi
-            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, mask=bm7, other=0)
-            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, mask=bm7, other=0)
-            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, mask=bm7, other=0)
-            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, mask=bm7, other=0)
+            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
+            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
+            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
+            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
             xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid & bm7, other=0)
             scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
             sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
@@ -160,10 +161,11 @@ def _gemv_q6k_mma_kernel(
 
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False, xq: tuple | None = None) -> torch.Tensor:
+                 pdl: bool = False, xq: tuple | None = None, evict_first: bool = False) -> torch.Tensor:
     """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
     ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step;
-    ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then)."""
+    ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then); ``evict_first``: the quant words
+    leave L1 first (``tiles.mma_evict_first``)."""
     n, nb = data.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -175,6 +177,7 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
         xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
         n, nb, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
+        EVICT="evict_first" if evict_first else "",
         num_warps=num_warps, **extra)
     return y
 
