@@ -53,7 +53,7 @@ from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
 from .ops.quant_x import FORM, GLU_FORM
 from .q6_k.plane import pack_q6k
-from .tiles import decode_config, glu_fits, mma_evict_first
+from .tiles import decode_config, glu_fits, q6k_evict_first
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15
@@ -159,9 +159,11 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
                 return gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
                                     lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq, glu=glu)
         else:
+            evict = q6k_evict_first(n)
+
             def run(x, res, norm, swiglu, xq=None):
                 return gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl, xq=xq,
-                                    evict_first=mma_evict_first(qt, n))
+                                    evict_first=evict)
     elif mode == 2:
         if qt not in INT8:
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")

@@ -328,13 +328,14 @@ def mma_config(qt, n: int) -> tuple[int, ...]:
     return bn, 4 if qt == QT.Q4_K else MMA_Q6K_BLOCKS, MMA_WARPS, 3, split, 0
 
 
-def mma_evict_first(qt, n: int) -> bool:
-    """Whether the MMA GEMV over an ``n``-row weight loads its quant words ``L1::evict_first``: read once,
-    they then leave L1 before x and the scale sectors that the next step reads again. H200, 7B shapes,
-    us a call (graph-timed over rotating copies, one call, same bits): gate|up 26.30 -> 24.10, o 7.15
-    -> 6.83, q4_K down 16.84 -> 16.71, q6_K down 26.78 -> 25.86; but the q6_K output head (one tile a
-    warp, MMA_TALL rows) 137.0 -> 163.8, so q6_K does it only below MMA_TALL rows (q4_K always)."""
-    return qt != QT.Q6_K or n < MMA_TALL
+def q6k_evict_first(n: int) -> bool:
+    """Whether the q6_K MMA GEMV over an ``n``-row weight loads its quant words ``L1::evict_first`` (the
+    q4_K one always does): read once, they then leave L1 before x and the scale sectors that the next
+    step reads again. H200, 7B shapes, us a call (graph-timed over rotating copies, one call, same
+    bits): gate|up 26.30 -> 24.10, o 7.15 -> 6.83, q4_K down 16.84 -> 16.71, q6_K down 26.78 -> 25.86;
+    but the q6_K output head (one tile a warp, MMA_TALL rows) 137.0 -> 163.8, so q6_K only below
+    MMA_TALL rows."""
+    return n < MMA_TALL
 
 
 def gemm_glu_fits(n: int, rows: int, split: int) -> bool:

@@ -70,7 +70,7 @@ def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, 
     """Everything step ``t0`` (spans ``t0 .. t0 + S - 1``, none at or past ``hi`` unless EVEN) reads:
     quant words of rows g / g + 8, scale words, x block scales and sums, the lane's x run. The quant
     words, read once, leave L1 first (``evict_first``), so x and the scale sectors that the next step
-    reads again stay there (``tiles.mma_evict_first``)."""
+    reads again stay there (``tiles.q6k_evict_first``)."""
     xb = xb_off + t0 * 4
     if EVEN:
         qa = gl.load(qw_ptr + qa_off + t0 * 16, eviction_policy="evict_first")

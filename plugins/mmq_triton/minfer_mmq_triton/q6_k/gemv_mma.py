@@ -66,7 +66,7 @@ def _gemv_q6k_mma_kernel(
     PDL: gl.constexpr, EVICT: gl.constexpr = "",
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks.
-    EVICT: the L1 eviction policy of the quant words (``tiles.mma_evict_first``)."""
+    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -165,7 +165,7 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
     """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
     ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step;
     ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then); ``evict_first``: the quant words
-    leave L1 first (``tiles.mma_evict_first``)."""
+    leave L1 first (``tiles.q6k_evict_first``)."""
     n, nb = data.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
