@@ -168,3 +168,68 @@ def test_splitkv_other_tiles(block_s, warps):
     for nv in (1, 129, 300):
         out = SplitKVAttention(block_s, warps)(q, k, v, torch.tensor(nv, dtype=torch.int32))
         assert rel(out, oracle(q, k, v, nv)) < TOL
+
+
+# -- RoPE and the K/V write in the split kernel (``fn(..., rope=...)``) ----------------------------
+
+def _fused_case(h, hkv, d, ctx, nv, neox, dev):
+    """Raw (unrotated) q, k, v of the token at row nv - 1, caches holding random rows, and both the
+    fused call's result and the caches it left, beside float64 oracles for all of them."""
+    from test_decode_fused import assert_f16_within_ulp, ref_rope, rope_row
+
+    gen = torch.Generator(device=dev).manual_seed(h * d + nv + neox)
+    q = torch.randn(h, d, generator=gen, device=dev)
+    k, v = torch.randn(hkv * d, generator=gen, device=dev), torch.randn(hkv * d, generator=gen, device=dev)
+    kc = torch.randn(ctx, hkv, d, generator=gen, device=dev).half()
+    vc = torch.randn(ctx, hkv, d, generator=gen, device=dev).half()
+    kc_old, vc_old = kc.clone(), vc.clone()
+    cos, sin = rope_row(nv + 2, d, dev)
+    pos = torch.tensor([nv - 1], dtype=torch.int64, device=dev)
+    (c,) = attention_candidates("decode", None)
+    assert "rope_kv" in c.fuses
+    out = c.fn(q, kc, vc, torch.tensor(nv, dtype=torch.int32, device=dev), rope=(k, v, cos, sin, pos, neox))
+    c64, s64 = cos[0].double(), sin[0].double()
+    want_k = ref_rope(k.double().view(hkv, d), c64, s64, neox)
+    assert_f16_within_ulp(kc[nv - 1], want_k)
+    assert torch.equal(vc[nv - 1], v.view(hkv, d).half())
+    others = torch.arange(ctx, device=dev) != nv - 1
+    assert torch.equal(kc[others], kc_old[others]) and torch.equal(vc[others], vc_old[others])
+    q_rot = ref_rope(q.double(), c64, s64, neox)
+    assert rel(out, oracle(q_rot, kc, vc, nv)) < TOL
+    return q, k, v, cos, sin, pos, out, kc, vc
+
+
+@pytest.mark.parametrize("h,hkv,d,ctx,nvs", [
+    (14, 2, 64, 300, (1, 64, 65, 300)),  # the new row alone, at the end of a split, first of the next, last row
+    (9, 3, 64, 130, (100,)),
+    (4, 2, 80, 64, (33,)),  # head dim not a power of two: the separate RoPE launch inside fn
+])
+@pytest.mark.parametrize("neox", [True, False])
+def test_splitkv_rotates_and_writes_the_new_token(h, hkv, d, ctx, nvs, neox):
+    """``rope=(k, v, cos, sin, pos, neox)``: q and k rotated as ``ops.rope`` rotates them, this token's
+    K/V written to cache row ``n_valid - 1`` (one float16 ulp of float64 RoPE for k, v exact, no other
+    row touched) and attended to, against float64 attention over the cache it leaves."""
+    for nv in nvs:
+        _fused_case(h, hkv, d, ctx, nv, neox, "cpu" if not torch.cuda.is_available() else "cuda")
+
+
+def test_splitkv_rope_equals_the_separate_launch():
+    """The fused call gives the bits of ``rope_kv_write`` followed by the plain call (same expressions
+    in the same order; the interpreter has no fused multiply-adds, so on the CPU this is exact)."""
+    from minfer_mmq_triton.ops.rope import rope_kv_write
+
+    for neox in (True, False):
+        q, k, v, cos, sin, pos, out, kc, vc = _fused_case(14, 2, 64, 300, 129, neox, "cpu")
+        kc2, vc2 = kc.clone(), vc.clone()
+        kc2[128], vc2[128] = 0, 0
+        q_rot = rope_kv_write(q.reshape(-1), k, v, cos, sin, kc2, vc2, pos, neox)
+        (c,) = attention_candidates("decode", None)
+        assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+        assert torch.equal(c.fn(q_rot, kc2, vc2, torch.tensor(129, dtype=torch.int32)), out)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("nv", [1, 128, 129, 4095, 4096])
+@pytest.mark.parametrize("neox", [True, False])
+def test_splitkv_rope_real_shapes_cuda(nv, neox):
+    _fused_case(28, 4, 128, 4096, nv, neox, "cuda")
