@@ -160,17 +160,10 @@ class Runtime:
 
     def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple, glu_out: bool = False) -> list:
         """``x @ W.T`` of each weight for ``x = rmsnorm(h)``: fused into every kernel when all of
-        them can (the first one handing its normed ``x`` on to the others where it ``fuses``
-        ``"norm_out"``), else one RMSNorm launch shared by all. ``glu_out``: as :meth:`decode_linear`
+        them can, else one RMSNorm launch shared by all. ``glu_out``: as :meth:`decode_linear`
         (asked of a single fused ``[gate | up]`` weight only)."""
         glu_out = glu_out and len(names) == 1
-        cands = [self.plan.decode[n] for n in names]
-        if all("rmsnorm" in c.fuses for c in cands):
-            if len(cands) > 1 and "norm_out" in cands[0].fuses:
-                first = self._run(cands[0], h, norm=norm, norm_out=True)
-                rest = [self._run(c, h, norm=norm, forms={f: first.forms[f] for f in c.reads if f in first.forms})
-                        for c in cands[1:]]
-                return [first.f32, *rest]
+        if all("rmsnorm" in self.plan.decode[n].fuses for n in names):
             return [self.decode_linear(n, h, norm=norm, glu_out=glu_out) for n in names]
         a = self._run(self.dec_rmsnorm, h, *norm)
         return [self.decode_linear(n, a, glu_out=glu_out) for n in names]

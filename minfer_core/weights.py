@@ -84,11 +84,7 @@ class Candidate:
     swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``; ``"glu_out"`` (a ``[gate | up]``
     weight): ``fn(x, glu_out=True)`` returns an :class:`Activation`, ``f32`` the product and ``forms``
     also holding ``silu(g) * u`` of it in the plugin's layouts (asked when the product feeds only the
-    SwiGLU; the down projection's candidate gets them with ``swiglu=True``); ``"norm_out"``: ``fn(h,
-    norm=(w, eps), norm_out=True)`` returns an :class:`Activation`, ``f32`` the product and ``forms`` also
-    holding ``rmsnorm(h) * w`` in the plugin's layouts (asked of the first of several matmuls of one
-    normed input; the others get them, as their ``reads`` name them, with ``fn(h, norm=(w, eps),
-    forms=...)``); (prefill matmuls) ``"bf16_out"``:
+    SwiGLU; the down projection's candidate gets them with ``swiglu=True``); (prefill matmuls) ``"bf16_out"``:
     ``fn(act, out_bf16=True)`` may return its product rounded to bf16 (asked only of products that
     feed the SwiGLU producer alone, which reads either dtype: half the bytes written and read back);
     ``"swiglu_out"`` (a ``[gate | up]`` weight): ``fn(act, out_bf16=True, swiglu_out=True)`` may return,
@@ -100,8 +96,8 @@ class Candidate:
     The core does whatever a candidate does not fuse itself.
     ``reads`` (prefill matmuls): the layouts of the activation ``fn`` reads (``"f32"``, ``"plane"``);
     (decode matmuls): the names of :attr:`Activation.forms` that ``fn(x, forms={name: data})`` can
-    take in place of quantizing ``x`` itself (also with ``swiglu=True`` or ``norm=``: a form's name says
-    whether it holds ``x``, ``silu(g) * u`` of it or its RMSNorm).
+    take in place of quantizing ``x`` itself (also with ``swiglu=True``: a form's name says whether it
+    holds ``x`` or ``silu(g) * u`` of it).
     ``reads_raw``: whether ``fn`` reads ``weight.raw`` when it runs. When none of a weight's chosen
     kernels does, the core releases the raw bytes after planning (planes replace them).
     ``small_tiles`` (prefill matmuls): the kernel's time keeps falling with the row count down to 16

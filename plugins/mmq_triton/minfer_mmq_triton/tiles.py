@@ -40,9 +40,6 @@ LONG_K = 8192
 #: ``step_timeline.py``), tg128 443.5 -> 453.7, at depth 4,096 416.9 -> 425.0 (one call, alternating).
 INT8_MIN_BYTES, INT8_MIN_BYTES_MMA = 16 << 20, 4 << 20
 INT8_NORM_ROLES: tuple[str, ...] = ("qkv", "qk", "gate_up", "output")
-#: On tensor cores, at any size, also the roles whose normed input another GEMV of the layer quantizes
-#: anyway (``norm_out``): the mixed layers' v beside q|k reads q|k's form, one RMSNorm launch fewer.
-MMA_SHARED_ROLES: tuple[str, ...] = ("v",)
 INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 #: Legacy rows of up to LEGACY_ONE_STEP blocks (K <= 1024) under 64 MiB: one (masked) step covers the
 #: whole row (4 or 8 rows a program), so no program waits for memory twice.
@@ -370,8 +367,7 @@ def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> t
     max_split = MAX_SPLIT
     if qt in KQUANTS:
         nb = k // (128 if qt == QT.Q4_K else 256)
-        if qt in INT8 and (nbytes >= (INT8_MIN_BYTES_MMA if mma else INT8_MIN_BYTES) or role in INT8_NORM_ROLES
-                           or (mma and role in MMA_SHARED_ROLES)):
+        if qt in INT8 and (nbytes >= (INT8_MIN_BYTES_MMA if mma else INT8_MIN_BYTES) or role in INT8_NORM_ROLES):
             if mma:
                 return mma_config(qt, n)
             tile = "int8"

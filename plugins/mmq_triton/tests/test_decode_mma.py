@@ -225,39 +225,3 @@ def test_gate_up_gemv_writes_the_swiglu_form_for_down(make_ctx, down_type):
         assert check(y - res, (g * torch.sigmoid(g) * u).float(), down64, None) < TOL_I8
         plain = down_c.fn(act.f32, swiglu=True, residual=res)
         torch.testing.assert_close(y, plain, rtol=1e-5, atol=1e-5 * plain.abs().max().item())
-
-
-def test_qk_gemv_hands_its_normed_input_to_v(make_ctx):
-    """The 7B's mixed layers: a q4_K q|k weight and a q6_K v over one normed input. On tensor cores v
-    takes the int8 path too (``tiles.MMA_SHARED_ROLES``), q|k asked for ``norm_out`` returns its product
-    with the same bits as without it and the quantized ``rmsnorm(h) * w`` in ``quant_x.NORM_FORM``, and
-    v handed that form (``fn(h, norm=.., forms=...)``) gives the bits it gives from h alone, within
-    TOL_I8 of gguf's weights."""
-    from minfer_core.dequant import dequantize
-    from minfer_core.weights import Activation
-    from minfer_mmq_triton import decode
-    from minfer_mmq_triton.ops.quant_x import NORM_FORM
-
-    gen = torch.Generator(device="cuda").manual_seed(12)
-    e = 3584
-    qk_w = make_weight(QT.Q4_K, 4096, e, gen, device="cuda")
-    qk_w.role = "qk"
-    v_w = make_weight(QT.Q6_K, 512, e, gen, device="cuda")
-    v_w.role = "v"
-    ctx = make_ctx()
-    (qk_c,) = decode.decode_candidates(qk_w, ctx)
-    (v_c,) = decode.decode_candidates(v_w, ctx)
-    assert "norm_out" in qk_c.fuses and "rmsnorm" in v_c.fuses and NORM_FORM in v_c.reads
-    assert decode.decode_config(QT.Q6_K, 512, e, "v", mma=True)[3] == 3
-    assert decode.decode_config(QT.Q6_K, 512, e, "v", mma=False)[3] == 0  # elsewhere v stays a float GEMV
-    v64 = dequantize(v_w.raw, QT.Q6_K, e).double()
-    for m in (1, 3):
-        h = torch.randn(m, e, generator=gen, device="cuda") * 3
-        nw, eps = torch.rand(e, generator=gen, device="cuda") + 0.5, 1e-6
-        act = qk_c.fn(h, norm=(nw, eps), norm_out=True)
-        assert isinstance(act, Activation) and set(act.forms) == {NORM_FORM}
-        assert torch.equal(act.f32, qk_c.fn(h, norm=(nw, eps)))
-        y = v_c.fn(h, norm=(nw, eps), forms=act.forms)
-        assert torch.equal(y, v_c.fn(h, norm=(nw, eps)))
-        x = (h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()).float()
-        assert check(y, x, v64, None) < TOL_I8

@@ -32,9 +32,6 @@ FORM = "mmq.q8x2"
 #: ``swiglu`` writes): the gate|up GEMV writes it beside its product (``q4_k.gemv_mma``'s GLU), for the down
 #: projection's GEMV.
 GLU_FORM = "mmq.q8x2.glu"
-#: :data:`FORM`'s layout of ``rmsnorm(x) * w`` for a GEMV's input ``x`` (``fn(x, norm=(w, eps))``): a tensor-core
-#: GEMV asked ``norm_out=True`` returns it beside its product, for the other GEMVs of the same normed input.
-NORM_FORM = "mmq.q8x2.norm"
 
 
 @triton.jit
