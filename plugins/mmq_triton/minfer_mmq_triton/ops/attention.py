@@ -15,8 +15,8 @@ short and long contexts both spread over the splits, and a split past ``n_valid`
 nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
 per (head, split). Called with ``rope=`` (``Candidate.fuses`` ``"rope_kv"``) it also does the decode
 RoPE op's work: each program rotates its q heads on load, and the split holding row ``n_valid - 1``
-first writes this token's rotated k and its v there (the same expressions as ``ops.rope``): one
-launch fewer a layer.
+writes this token's rotated k and its v there (the same expressions as ``ops.rope``) and takes them
+from registers, as its first position: one launch fewer a layer.
 Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
 for a ``DC``-wide slice of the head dimension, and divides.
 
@@ -79,8 +79,9 @@ def _attn_split_kernel(
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr = 0,
 ):
     """Pass 1 (see the module docstring). ROPE (1 neox, 2 adjacent pairs; 0: q comes rotated and the
-    caches hold the token): rotate q on load, and the split holding position ``n_valid - 1`` first
-    writes this token's rotated k (``kn_ptr``) and v (``vn_ptr``) into that cache row."""
+    caches hold the token): rotate q on load; the split holding position ``n_valid - 1`` writes this
+    token's rotated k (``kn_ptr``) and v (``vn_ptr``) into that cache row and attends to them from
+    registers (no read back), then to the rows before it."""
     enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
@@ -96,19 +97,23 @@ def _attn_split_kernel(
     if ROPE:
         q = _rotate(q_ptr, heads[:, None] * D, dd[None, :], cos_ptr, sin_ptr, hmask[:, None] & dmask[None, :],
                     D, ROPE)
-        if (lo < nv) & (hi == nv):  # this split holds the new token's row: write it before reading it
-            row = (nv - 1).to(tl.int64)
-            kr = _rotate(kn_ptr, g * D, dd, cos_ptr, sin_ptr, dmask, D, ROPE)
-            tl.store(k_ptr + row * stride_kt + g * stride_kh + dd, kr.to(tl.float16), mask=dmask)
-            vr = tl.load(vn_ptr + g * D + dd, mask=dmask)
-            tl.store(v_ptr + row * stride_vt + g * stride_vh + dd, vr.to(tl.float16), mask=dmask)
-            tl.debug_barrier()  # the program's own global writes, visible to all its threads
     else:
         q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
     q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
     m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([REP_P], dtype=tl.float32)
     acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    if ROPE:
+        if (lo < nv) & (hi == nv):  # the split of the new row: write it, and start from it (in registers)
+            row = (nv - 1).to(tl.int64)
+            kh = _rotate(kn_ptr, g * D, dd, cos_ptr, sin_ptr, dmask, D, ROPE).to(tl.float16)
+            vh = tl.load(vn_ptr + g * D + dd, mask=dmask, other=0.0).to(tl.float16)
+            tl.store(k_ptr + row * stride_kt + g * stride_kh + dd, kh, mask=dmask)
+            tl.store(v_ptr + row * stride_vt + g * stride_vh + dd, vh, mask=dmask)
+            m_i = tl.sum(q.to(tl.float32) * kh.to(tl.float32)[None, :], axis=1)  # its score: weight exp2(0) = 1
+            l_i = tl.full([REP_P], 1.0, dtype=tl.float32)
+            acc = tl.broadcast_to(vh.to(tl.float32)[None, :], [REP_P, DP])
+            hi = nv - 1  # the cache rows before it
     t0 = tl.arange(0, BLOCK_S)
     for start in range(lo, hi, BLOCK_S):
         t = start + t0
