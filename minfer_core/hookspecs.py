@@ -256,12 +256,7 @@ def minfer_attention_candidates(phase, ctx):
     Decode contract: ``fn(q, k_cache, v_cache, n_valid) -> out`` with ``q`` ``(n_heads, head_dim)``,
     caches ``(max_ctx, n_kv_heads, head_dim)`` of one layer, ``n_valid`` a 0-d int32 device tensor
     (positions ``0 .. n_valid-1`` are valid; it must not be read on the host, so the call can be
-    captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32. A candidate whose
-    ``fuses`` holds ``"rope_kv"`` is called ``fn(q, k_cache, v_cache, n_valid, rope=(k, v, cos, sin,
-    pos, neox))`` instead, with ``q`` not yet rotated, this token's ``k`` and ``v`` ``(n_kv_heads *
-    head_dim,)`` float32, ``cos``/``sin`` ``(1, head_dim / 2)`` and ``pos = n_valid - 1`` ``(1,)`` int64:
-    it rotates q and k as the decode RoPE op does and writes k and v into cache row ``pos`` itself
-    (one launch fewer a layer).
+    captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32.
     Prefill contract: ``fn(q, k, v, start) -> out`` with ``q`` ``(T, n_heads, head_dim)``,
     ``k``/``v`` ``(start + T, n_kv_heads, head_dim)`` (cached then new), causal, ``out``
     ``(T, n_heads * head_dim)`` float32; a candidate whose ``fuses`` holds ``"plane"`` returns, for

@@ -160,14 +160,9 @@ class Runtime:
 
     def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple, glu_out: bool = False) -> list:
         """``x @ W.T`` of each weight for ``x = rmsnorm(h)``: fused into every kernel when all of
-        them can, else, where the first one ``fuses`` ``"norm_out"``, the others read the normed ``x``
-        it writes, else one RMSNorm launch shared by all. ``glu_out``: as :meth:`decode_linear`
+        them can, else one RMSNorm launch shared by all. ``glu_out``: as :meth:`decode_linear`
         (asked of a single fused ``[gate | up]`` weight only)."""
         glu_out = glu_out and len(names) == 1
-        first = self.plan.decode[names[0]]
-        if len(names) > 1 and "norm_out" in first.fuses:
-            y, a = self._run(first, h, norm=norm, norm_out=True)
-            return [y, *(self.decode_linear(n, a) for n in names[1:])]
         if all("rmsnorm" in self.plan.decode[n].fuses for n in names):
             return [self.decode_linear(n, h, norm=norm, glu_out=glu_out) for n in names]
         a = self._run(self.dec_rmsnorm, h, *norm)

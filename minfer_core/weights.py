@@ -84,10 +84,7 @@ class Candidate:
     swiglu=True)`` uses ``silu(g) * u`` of the halves of ``gu``; ``"glu_out"`` (a ``[gate | up]``
     weight): ``fn(x, glu_out=True)`` returns an :class:`Activation`, ``f32`` the product and ``forms``
     also holding ``silu(g) * u`` of it in the plugin's layouts (asked when the product feeds only the
-    SwiGLU; the down projection's candidate gets them with ``swiglu=True``); ``"norm_out"``: ``fn(h,
-    norm=(w, eps), norm_out=True)`` returns ``(y, a)``, ``a`` an :class:`Activation` of ``rmsnorm(h) * w``
-    (``f32`` and any ``forms``) that the other matmuls of the same normed input then take as their
-    input (asked of the first of several); (prefill matmuls) ``"bf16_out"``:
+    SwiGLU; the down projection's candidate gets them with ``swiglu=True``); (prefill matmuls) ``"bf16_out"``:
     ``fn(act, out_bf16=True)`` may return its product rounded to bf16 (asked only of products that
     feed the SwiGLU producer alone, which reads either dtype: half the bytes written and read back);
     ``"swiglu_out"`` (a ``[gate | up]`` weight): ``fn(act, out_bf16=True, swiglu_out=True)`` may return,

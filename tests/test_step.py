@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minfer_core import reference
 from minfer_core.engine import Engine
 from minfer_core.matmuls import PromptMatmuls
 from minfer_core.step import ContiguousPrompt, Step
@@ -167,70 +166,6 @@ def test_a_gate_up_glu_form_reaches_the_down_matmul(smollm):
     assert torch.equal(got, plain)
     ffn = model.cfg.n_ff
     assert seen == [("gate_up", True), ("down", True, {"test.glu": ("marker", ffn)})]
-
-
-def test_a_decode_attention_that_fuses_rope_kv_is_handed_the_raw_rows(smollm):
-    """A decode attention whose ``fuses`` holds ``"rope_kv"`` gets q, k and v as the attention weights
-    wrote them (``fn(q, k_cache, v_cache, n_valid, rope=(k, v, cos, sin, pos, neox))``) and does RoPE and
-    the K/V write itself: the RoPE op is not launched, and the logits stay those of the plain step."""
-    model, rt, ids, pos, plain = _plain_decode(smollm)
-    attn, rope_op, seen = rt.attn_decode, rt.dec_rope_kv, []
-
-    def attend(q, kc, vc, n_valid, rope=None):
-        k, v, cos, sin, p, neox = rope
-        seen.append((tuple(q.shape), int(p), int(n_valid), neox))
-        q = reference.rope_kv_write(q.reshape(-1), k, v, cos, sin, kc, vc, p, neox)
-        return attn.fn(q, kc, vc, n_valid)
-
-    def no_rope(*args):
-        raise AssertionError("the RoPE op ran beside an attention that fuses it")
-
-    rt.attn_decode = dataclasses.replace(attn, fn=attend, fuses=("rope_kv",))
-    rt.dec_rope_kv = dataclasses.replace(rope_op, fn=no_rope)
-    try:  # the same step again: it rewrites the same cache row
-        got = model.decode_step(ids[-1:], pos)
-    finally:
-        rt.attn_decode, rt.dec_rope_kv = attn, rope_op
-    assert torch.equal(got, plain)
-    cfg = model.cfg
-    assert seen == [((cfg.n_heads, cfg.head_dim), len(ids), len(ids) + 1, cfg.rope_style == "neox")] * cfg.n_layers
-
-
-def test_a_matmul_that_fuses_norm_out_writes_the_normed_input_for_the_others(smollm):
-    """Several decode matmuls of one normed input: the first, when it ``fuses`` ``"norm_out"``, is asked
-    for it and returns its product and an ``Activation`` of the normed input; the others take that as
-    their input (no norm, no RMSNorm launch; the forms their ``reads`` name), and the products are the
-    plain ones."""
-    model = smollm.model
-    rt = model.rt
-    names = ["blk.0.attn_qkv", "blk.0.ffn_gate_up"]
-    a, b = (rt.plan.decode[n] for n in names)
-    h = torch.randn(1, model.cfg.n_embd, generator=torch.Generator().manual_seed(3))
-    norm = (model.p.attn_norm[0], model.cfg.rms_eps)
-    plain = [rt.decode_linear(n, h, norm=norm) for n in names]
-    rms, seen = rt.dec_rmsnorm, []
-
-    def a_fn(x, norm=None, norm_out=False, **kw):
-        seen.append(("a", norm_out))
-        xn = reference.rmsnorm_rows(x, *norm)
-        return a.fn(xn, **kw), Activation(xn, forms={"test.norm": "marker", "test.other": None})
-
-    def b_fn(x, forms=None, **kw):
-        seen.append(("b", forms))
-        return b.fn(x, **kw)
-
-    def no_rmsnorm(*args):
-        raise AssertionError("an RMSNorm launch beside a matmul that writes the normed input")
-
-    rt.plan.decode[names[0]] = dataclasses.replace(a, fn=a_fn, fuses=("norm_out",))
-    rt.plan.decode[names[1]] = dataclasses.replace(b, fn=b_fn, fuses=(), reads=("f32", "test.norm"))
-    rt.dec_rmsnorm = dataclasses.replace(rms, fn=no_rmsnorm)
-    try:
-        got = rt.decode_normed(names, h, norm)
-    finally:
-        rt.plan.decode[names[0]], rt.plan.decode[names[1]], rt.dec_rmsnorm = a, b, rms
-    assert all(torch.equal(g, p) for g, p in zip(got, plain))
-    assert seen == [("a", True), ("b", {"test.norm": "marker"})]
 
 
 def test_a_prefill_matmul_that_fuses_the_residual_is_handed_it(smollm):

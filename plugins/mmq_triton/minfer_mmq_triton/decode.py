@@ -26,9 +26,7 @@ int8 GEMVs also take ``norm=(w, eps)`` (RMSNorm of x), applied by their quantizi
 tensor-core GEMV of a q4_K ``gate_up`` weight takes ``glu_out=True``: it returns an ``Activation``
 whose ``forms`` also hold ``silu(g) * u`` of its product in ``quant_x.GLU_FORM``, written by its own
 epilogue, which the tensor-core GEMVs of the down projection read (``fn(gu, swiglu=True, forms=...)``)
-in place of quantizing ``gu``: one launch fewer a layer. Asked ``fn(h, norm=.., norm_out=True)``, a tensor-core
-GEMV also returns ``rmsnorm(h) * w`` (float32, and its ``quant_x.FORM``), written by its quantizer, for the
-layer's other matmuls of that input (the mixed layers' float GEMV of v): no RMSNorm launch of their own.
+in place of quantizing ``gu``: one launch fewer a layer.
 
 On CUDA (compute capability 8.0+) the q4_K and q6_K weights that take the int8 path run on tensor
 cores instead (``q4_k.gemv_mma``, ``q6_k.gemv_mma``, MODE 3: same two-digit x, same exact integer
@@ -53,7 +51,7 @@ from . import planes
 from .families import INT8, KQUANTS, SERVED
 from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
-from .ops.quant_x import FORM, GLU_FORM, quantize_x
+from .ops.quant_x import FORM, GLU_FORM
 from .q6_k.plane import pack_q6k
 from .tiles import decode_config, glu_fits, q6k_evict_first
 
@@ -104,8 +102,7 @@ def fuses(config: tuple, bias, glu: bool = False) -> tuple[str, ...]:
     write ``quant_x.GLU_FORM`` (:func:`writes_glu`)."""
     mode = config[3] if len(config) > 3 else 0
     out = () if bias is not None else ("residual",)
-    out += ("rmsnorm", "swiglu") if mode in (2, 3) else ("swiglu",)
-    return out + (("norm_out",) if mode == 3 else ()) + (("glu_out",) if glu else ())
+    return out + (("rmsnorm", "swiglu") if mode in (2, 3) else ("swiglu",)) + (("glu_out",) if glu else ())
 
 
 def writes_glu(qt, config: tuple, n: int, bias, role: str) -> bool:
@@ -201,7 +198,7 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     reads = reads_forms(config)
 
     def fn(x: torch.Tensor, residual: Optional[torch.Tensor] = None, norm: Optional[tuple] = None,
-           swiglu: bool = False, forms: Optional[dict] = None, glu_out: bool = False, norm_out: bool = False):
+           swiglu: bool = False, forms: Optional[dict] = None, glu_out: bool = False):
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.float().contiguous()
         if norm is not None and "rmsnorm" not in fused:
@@ -210,17 +207,10 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
             raise ValueError("a GEMV applies RMSNorm or SwiGLU to x, not both")
         if glu_out and ("glu_out" not in fused or residual is not None):
             raise ValueError("this GEMV does not write silu(g) * u (see fn.fuses), nor with a residual")
-        if norm_out and ("norm_out" not in fused or norm is None or glu_out):
-            raise ValueError("norm_out asks for the normed x of a GEMV given norm= (see fn.fuses)")
         res = residual if "residual" in fused else None
         res = None if res is None else res.float().contiguous()
         name = GLU_FORM if swiglu else FORM
         xq = (forms or {}).get(name) if norm is None and name in reads else None
-        if norm_out:  # the quantizer also writes the normed x, handed on with its form
-            xn = torch.empty_like(x)
-            xq = quantize_x(x, norm, False, pdl, normed=xn)
-            y = run(x, res, None, False, xq=xq)
-            return (y if residual is None or res is not None else y + residual), Activation(xn, forms={FORM: xq})
         if glu_out:
             y, form = run(x, res, norm, swiglu, glu=True)
             return Activation(y, forms={GLU_FORM: form})

@@ -205,24 +205,6 @@ def test_activation_quantizer_two_digits():
     assert (back[1, 32:64] == 0).all()
 
 
-def test_activation_quantizer_writes_the_normed_rows():
-    """``normed=``: the quantizer also stores the RMSNorm's float32 output (float64 math within 1e-5,
-    float32 rounding and the order of the sum of squares), and quantizes exactly those values: its
-    digits and scales are what ``quantize_x`` gives for them as plain input."""
-    from minfer_mmq_triton.ops.quant_x import quantize_x
-
-    gen = torch.Generator().manual_seed(6)
-    x = torch.randn(2, 1024, generator=gen) * 3
-    nw = torch.rand(1024, generator=gen) + 0.5
-    xn = torch.empty(2, 1024)
-    got = quantize_x(x, norm=(nw, 1e-6), normed=xn)
-    want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
-    torch.testing.assert_close(xn.double(), want, rtol=1e-5, atol=1e-6)
-    again = quantize_x(xn)
-    assert all(torch.equal(a, b) for a, b in zip(got[:3], again[:3]))
-    torch.testing.assert_close(got[3], again[3], rtol=1e-6, atol=1e-6)
-
-
 def test_activation_quantizer_rows_layout():
     """The batched GEMM's layout (``rows=True``): one scale ``s = max|x| / 127`` per 256 values,
     stored as ``s / 256`` in a (K/256, MP) table; per 8 values digit h's 8 bytes then digit l's, with

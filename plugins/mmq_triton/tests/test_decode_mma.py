@@ -10,7 +10,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from test_decode_gemv import TOL, TOL_I8, check, make_weight, oracle_dense
+from test_decode_gemv import TOL_I8, check, make_weight, oracle_dense
 
 pytestmark = pytest.mark.cuda
 
@@ -225,35 +225,3 @@ def test_gate_up_gemv_writes_the_swiglu_form_for_down(make_ctx, down_type):
         assert check(y - res, (g * torch.sigmoid(g) * u).float(), down64, None) < TOL_I8
         plain = down_c.fn(act.f32, swiglu=True, residual=res)
         torch.testing.assert_close(y, plain, rtol=1e-5, atol=1e-5 * plain.abs().max().item())
-
-
-def test_qk_gemv_writes_the_normed_input_for_v(make_ctx):
-    """The 7B's mixed layers: a q4_K q|k weight and a q6_K v over one normed input. The q|k GEMV asked
-    for ``norm_out`` returns its product with the same bits as without it, and ``rmsnorm(h) * w`` (float64
-    math within 1e-5) with its ``quant_x.FORM``; v's float GEMV over those rows gives gguf's answer."""
-    from minfer_core.dequant import dequantize
-    from minfer_core.weights import Activation
-    from minfer_mmq_triton import decode
-    from minfer_mmq_triton.ops.quant_x import FORM, quantize_x
-
-    gen = torch.Generator(device="cuda").manual_seed(12)
-    e = 3584
-    qk_w = make_weight(QT.Q4_K, 4096, e, gen, device="cuda")
-    qk_w.role = "qk"
-    v_w = make_weight(QT.Q6_K, 512, e, gen, device="cuda")
-    v_w.role = "v"
-    ctx = make_ctx()
-    (qk_c,) = decode.decode_candidates(qk_w, ctx)
-    (v_c,) = decode.decode_candidates(v_w, ctx)
-    assert "norm_out" in qk_c.fuses and "rmsnorm" not in v_c.fuses
-    v64 = dequantize(v_w.raw, QT.Q6_K, e).double()
-    for m in (1, 3):
-        h = torch.randn(m, e, generator=gen, device="cuda") * 3
-        nw, eps = torch.rand(e, generator=gen, device="cuda") + 0.5, 1e-6
-        y, a = qk_c.fn(h, norm=(nw, eps), norm_out=True)
-        assert isinstance(a, Activation) and set(a.forms) == {FORM}
-        assert torch.equal(y, qk_c.fn(h, norm=(nw, eps)))
-        want = h.double() * torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + eps) * nw.double()
-        torch.testing.assert_close(a.f32.double(), want, rtol=1e-5, atol=1e-6)
-        assert all(torch.equal(p, q) for p, q in zip(a.forms[FORM][:3], quantize_x(a.f32)[:3]))
-        assert check(v_c.fn(a.f32), a.f32, v64, None) < TOL

@@ -13,10 +13,7 @@ head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positi
 computed in the kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up to ``BLOCK_S``, so
 short and long contexts both spread over the splits, and a split past ``n_valid`` loads and stores
 nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
-per (head, split). Called with ``rope=`` (``Candidate.fuses`` ``"rope_kv"``) it also does the decode
-RoPE op's work: each program rotates its q heads on load, and the split holding row ``n_valid - 1``
-writes this token's rotated k and its v there (the same expressions as ``ops.rope``) and takes them
-from registers, as its first position: one launch fewer a layer.
+per (head, split).
 Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
 for a ``DC``-wide slice of the head dimension, and divides.
 
@@ -37,7 +34,6 @@ from torch.nn.attention.bias import causal_lower_right
 import triton
 import triton.language as tl
 
-from minfer_core import reference
 from minfer_core.weights import Activation, Candidate
 
 from ..launch.device import sm_count
@@ -50,38 +46,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _rotate(x_ptr, at, dd, cos_ptr, sin_ptr, mask, D: tl.constexpr, ROPE: tl.constexpr):
-    """Values ``dd`` of the heads at ``x_ptr + at`` (``at`` broadcast against ``dd``) rotated as
-    ``ops.rope`` rotates them (same expressions): a pair ``(a, b)`` becomes ``(a c - b s, a s + b c)``,
-    pairs ``(i, i + D/2)`` (ROPE 1, neox) or ``(2i, 2i + 1)`` (ROPE 2)."""
-    if ROPE == 1:
-        i = dd % (D // 2)
-        ia = i
-        ib = i + D // 2
-        first = dd < D // 2
-    else:
-        i = dd // 2
-        ia = 2 * i
-        ib = 2 * i + 1
-        first = dd % 2 == 0
-    a = tl.load(x_ptr + at + ia, mask=mask, other=0.0)
-    b = tl.load(x_ptr + at + ib, mask=mask, other=0.0)
-    c = tl.load(cos_ptr + i, mask=dd < D, other=0.0)
-    s = tl.load(sin_ptr + i, mask=dd < D, other=0.0)
-    return tl.where(first, a * c - b * s, a * s + b * c)
-
-
-@triton.jit
 def _attn_split_kernel(
-    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr,
+    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr = 0,
+    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Pass 1 (see the module docstring). ROPE (1 neox, 2 adjacent pairs; 0: q comes rotated and the
-    caches hold the token): rotate q on load; the split holding position ``n_valid - 1`` writes this
-    token's rotated k (``kn_ptr``) and v (``vn_ptr``) into that cache row and attends to them from
-    registers (no read back), then to the rows before it."""
     enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
@@ -94,26 +64,11 @@ def _attn_split_kernel(
     dmask = dd < D
     heads = g * REP + r
     hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
-    if ROPE:
-        q = _rotate(q_ptr, heads[:, None] * D, dd[None, :], cos_ptr, sin_ptr, hmask[:, None] & dmask[None, :],
-                    D, ROPE)
-    else:
-        q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
+    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
     q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
     m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([REP_P], dtype=tl.float32)
     acc = tl.zeros([REP_P, DP], dtype=tl.float32)
-    if ROPE:
-        if (lo < nv) & (hi == nv):  # the split of the new row: write it, and start from it (in registers)
-            row = (nv - 1).to(tl.int64)
-            kh = _rotate(kn_ptr, g * D, dd, cos_ptr, sin_ptr, dmask, D, ROPE).to(tl.float16)
-            vh = tl.load(vn_ptr + g * D + dd, mask=dmask, other=0.0).to(tl.float16)
-            tl.store(k_ptr + row * stride_kt + g * stride_kh + dd, kh, mask=dmask)
-            tl.store(v_ptr + row * stride_vt + g * stride_vh + dd, vh, mask=dmask)
-            m_i = tl.sum(q.to(tl.float32) * kh.to(tl.float32)[None, :], axis=1)  # its score: weight exp2(0) = 1
-            l_i = tl.full([REP_P], 1.0, dtype=tl.float32)
-            acc = tl.broadcast_to(vh.to(tl.float32)[None, :], [REP_P, DP])
-            hi = nv - 1  # the cache rows before it
     t0 = tl.arange(0, BLOCK_S)
     for start in range(lo, hi, BLOCK_S):
         t = start + t0
@@ -206,20 +161,13 @@ class SplitKVAttention:
         return buf
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 n_valid: torch.Tensor, rope: tuple | None = None):
+                 n_valid: torch.Tensor):
         h, d = q.shape
         n_kv = k_cache.shape[1]
         rep = h // n_kv
         if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
             raise ValueError("k/v cache rows must be contiguous in the head dimension")
         q = q.contiguous()
-        style, new = 0, (q,) * 4
-        if rope is not None:
-            k, v, cos, sin, pos, neox = rope
-            if d & (d - 1):  # the kernels rotate power-of-two heads only: torch's rotation for the others
-                q = reference.rope_kv_write(q.reshape(-1), k, v, cos, sin, k_cache, v_cache, pos, neox).contiguous()
-            else:
-                style, new = (1 if neox else 2), (k.contiguous(), v.contiguous(), cos.contiguous(), sin.contiguous())
         nsplit = self.nsplit or n_splits(n_kv, q.device)
         dp = max(16, triton.next_power_of_2(d))
         dc = min(self.dc, dp)
@@ -228,11 +176,11 @@ class SplitKVAttention:
         form = self.form and dc == 32 and d % 32 == 0
         xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
         _attn_split_kernel[(n_kv, nsplit)](
-            q, k_cache, v_cache, n_valid, o_part, m_part, l_part, *new,
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            BLOCK_S=self.block_s, NSPLIT=nsplit, ROPE=style, num_warps=self.num_warps, **launch_args(self.pdl),
+            BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
         attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, *xq, H=h, D=d, DP=dp, DC=dc,
                                            NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
@@ -277,8 +225,7 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
     if phase == "decode":
         from ..decode import mma_enabled  # the GEMVs that read the output's int8 form
 
-        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)),
-                          fuses=("rope_kv",))]
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)))]
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
 

@@ -75,15 +75,14 @@ def store_blocks(x, b, bmask, m, K, xh_ptr, xl_ptr, xs_ptr, x16_ptr):
 
 
 @triton.jit
-def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, xn_ptr, K, stride_xm, eps, MP,
-                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
-                    NORMED: tl.constexpr = False):
+def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, MP,
+                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums
     (ROWS: the batched GEMMs' tables, see :func:`quantize_x`; ``MP``: their row stride).
 
     PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
     sums the squares of the whole row, RB values at a time); 2 SwiGLU of a (M, 2K) row
-    ``[g | u]``: ``silu(g) * u``. NORMED: also store the prologue's float32 output in ``xn_ptr`` (M, K).
+    ``[g | u]``: ``silu(g) * u``.
     """
     enter(PDL)
     m = tl.program_id(0)
@@ -103,8 +102,6 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, xn_ptr, K, s
     if PRO == 2:
         u = tl.load(row + K + off, mask=bmask[:, None, None], other=0.0)
         x = x * tl.sigmoid(x) * u
-    if NORMED:
-        tl.store(xn_ptr + m * K + off, x, mask=bmask[:, None, None])
     if ROWS:  # one scale per 256 values: the largest of its eight 32-value blocks
         # xh_ptr: (M, K / 8, 16) bytes, h of the 8 values then their l; xs_ptr: (K / 256, MP);
         # x16_ptr: (K / 32, MP) int32 sums of 256 h + l
@@ -123,16 +120,14 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, xn_ptr, K, s
 
 
 def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
-               pdl: bool = False, rows: bool = False, pad: int = 16,
-               normed: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+               pdl: bool = False, rows: bool = False, pad: int = 16) -> tuple[torch.Tensor, ...]:
     """x float32 ``(M, K)`` -> (xh int32 words, xl int32 words, block scales, 16-value sums), or
     with ``rows`` (the batched GEMMs' layout, see the module docstring; K a multiple of 256) (digit
     words (M, K / 2), 256-value block scales (K / 256, MP), 32-value integer sums (K / 32, MP)),
     ``MP`` = M rounded up to a multiple of ``pad`` (the table entries past M are left unset).
 
     ``norm=(w, eps)``: quantize ``rmsnorm(x) * w`` instead; ``swiglu``: x is ``(M, 2K)`` ``[g | u]``
-    and ``silu(g) * u`` is quantized (the decode step's elementwise ops, fused here). ``normed``: a float32
-    ``(M, K)`` tensor that also receives the values quantized (the RMSNorm's or SwiGLU's output)."""
+    and ``silu(g) * u`` is quantized (the decode step's elementwise ops, fused here)."""
     m, k = x.shape
     if swiglu:
         k //= 2
@@ -147,12 +142,9 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
         xh, xl, xs, x16 = form_buffers(m, k, x.device)
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
-    if normed is not None:
-        assert normed.shape == (m, k) and normed.dtype == torch.float32 and normed.is_contiguous() and not rows
-    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, x if normed is None else normed,
-                                                            k, x.stride(0), float(eps), mp,
+    _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), mp,
                                                             QB=QUANT_BLOCKS, PRO=pro, RB=1024, ROWS=rows,
-                                                            NORMED=normed is not None, num_warps=4, **launch_args(pdl))
+                                                            num_warps=4, **launch_args(pdl))
     if rows:
         return xh.view(torch.int32), xs, x16
     return as_words(xh, xl, xs, x16)
