@@ -1,0 +1,36 @@
+# A/B of two source trees in one GPU call: `minfer bench` on a saved tree and on the working tree,
+# alternating fresh processes, so that both see the same machine, clocks and history.
+#
+#   bash benchmarks/ab_trees.sh --save REV           # here (needs git): REV's packages into .carry/ab/REV
+#   bash benchmarks/ab_trees.sh .carry/ab/REV ROUNDS -- -m /tmp/7b.gguf -p 0 -n 128 -d 0,4096 -r 3
+#
+# The second form runs on the GPU machine after `source benchmarks/gpu_setup.sh` (carry `.carry`). Each
+# process runs outside the repo, so Python imports minfer_core from the tree on PYTHONPATH rather than from
+# the current directory; the first lines printed say which files each side imported.
+set -o pipefail
+PKGS="configs minfer_core plugins/mmq_triton/minfer_mmq_triton plugins/f16_wmma/minfer_f16_wmma plugins/cuda_graphs/minfer_cuda_graphs"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ "$1" = --save ]; then
+  dest="$ROOT/.carry/ab/$2"
+  rm -rf "$dest" && mkdir -p "$dest" && git -C "$ROOT" archive "$2" $PKGS | tar -x -C "$dest" && echo "$dest"
+  exit $?
+fi
+base=$(cd "$1" && pwd); rounds=${2:-2}; shift 2; [ "$1" = -- ] && shift
+path_of() {  # the tree's packages ahead of everything else (the carried gguf wheel's /tmp/site stays)
+  local t=$1
+  echo "$t:$t/plugins/mmq_triton:$t/plugins/f16_wmma:$t/plugins/cuda_graphs${PYTHONPATH:+:$PYTHONPATH}"
+}
+run() {  # run SIDE TREE ROUND: one fresh process, its table rows on one line
+  (cd /tmp && PYTHONPATH=$(path_of "$2") python -m minfer_core.cli bench "${@:4}" 2>>"${OUT:-/tmp}/ab_$1.log") |
+    grep -E "^\| .* \| (pp|tg)" | sed 's/.*| \(pp\|tg\)/\1/' | tr '\n' ' ' | sed "s/^/$1 r$3: /"
+  echo
+}
+for side in base new; do
+  tree=$base; [ $side = new ] && tree=$ROOT
+  (cd /tmp && PYTHONPATH=$(path_of "$tree") python -c \
+    "import minfer_core, minfer_mmq_triton; print('$side:', minfer_core.__file__, minfer_mmq_triton.__file__)")
+done
+for r in $(seq "$rounds"); do
+  run base "$base" "$r" "$@"
+  run new "$ROOT" "$r" "$@"
+done
