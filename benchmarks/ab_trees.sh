@@ -6,7 +6,8 @@
 #
 # The second form runs on the GPU machine after `source benchmarks/gpu_setup.sh` (carry `.carry`). Each
 # process runs outside the repo, so Python imports minfer_core from the tree on PYTHONPATH rather than from
-# the current directory; the first lines printed say which files each side imported.
+# the current directory (so give absolute paths in the bench arguments); the first lines printed say
+# which files each side imported.
 set -o pipefail
 PKGS="configs minfer_core plugins/mmq_triton/minfer_mmq_triton plugins/f16_wmma/minfer_f16_wmma plugins/cuda_graphs/minfer_cuda_graphs"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
