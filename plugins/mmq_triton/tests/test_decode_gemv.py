@@ -205,6 +205,27 @@ def test_activation_quantizer_two_digits():
     assert (back[1, 32:64] == 0).all()
 
 
+def test_activation_quantizer_norm_over_several_programs():
+    """The fused RMSNorm where a row spans several quantizer programs (K = 3,584: four programs of 1,024
+    values, the last one partly past K; each sums the whole row's squares and keeps its own chunk): every
+    block's digits give ``rmsnorm(x) * w`` within the rounding bound, with torch's block maxima and
+    16-value sums."""
+    from minfer_mmq_triton.ops.quant_x import quantize_x
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 3584, generator=gen) * 3
+    x[1, 3000] = 50.0
+    nw = torch.rand(3584, generator=gen) + 0.5
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
+    xh, xl, xs, x16 = quantize_x(x, norm=(nw, 1e-6))
+    h, lo = (t.view(torch.int8).view(2, 112, 32).float() for t in (xh, xl))
+    amax = normed.view(2, 112, 32).abs().amax(-1)
+    assert torch.allclose(xs * 127, amax, rtol=1e-5)
+    s = (amax / 127)[:, :, None]
+    assert ((s * (h + lo / 256) - normed.view(2, 112, 32)).abs() <= s / 400).all()
+    assert torch.allclose(x16, normed.view(2, 224, 16).sum(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_activation_quantizer_rows_layout():
     """The batched GEMM's layout (``rows=True``): one scale ``s = max|x| / 127`` per 256 values,
     stored as ``s / 256`` in a (K/256, MP) table; per 8 values digit h's 8 bytes then digit l's, with

@@ -52,10 +52,10 @@ def _attn_split_kernel(
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
-    enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
-    nv = tl.load(nv_ptr)
+    nv = tl.load(nv_ptr)  # before the wait: the step writes it before its first layer (launch.pdl, rule 2)
+    enter(PDL)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
     hi = tl.minimum(lo + share, nv)
@@ -91,6 +91,17 @@ def _attn_split_kernel(
 
 
 @triton.jit
+def _weigh(m, l, o, smask, m_all, num, den):
+    """Add splits ``smask`` (their max ``m``, sum ``l``, output rows ``o``; other lanes ignored, whatever
+    they hold) to the combine's running ``num`` [DC] and ``den`` [CH], weighed to the common max."""
+    m = tl.where(smask, m, float("-inf"))
+    w = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
+    num += tl.sum(w[:, None] * tl.where(smask[:, None], o, 0.0), axis=0)
+    den += w * tl.where(smask, l, 0.0)
+    return num, den
+
+
+@triton.jit
 def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
                         H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
                         BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr, FORM: tl.constexpr = False):
@@ -102,22 +113,26 @@ def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs
     enter(PDL)
     r = tl.program_id(0)
     dd = tl.program_id(1) * DC + tl.arange(0, DC)
+    # n_valid, every split's max and the first CH splits' partials load together (one round trip after
+    # the wait); the splits past the valid positions hold stale values, masked once n_valid is known
     nv = tl.load(nv_ptr + r // H)
+    sp = tl.arange(0, NSPLIT)
+    m_each = tl.load(m_ptr + r * NSPLIT + sp)
+    s = tl.arange(0, CH)
+    m = tl.load(m_ptr + r * NSPLIT + s)
+    l = tl.load(l_ptr + r * NSPLIT + s)
+    o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :])
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     n_act = tl.cdiv(nv, share)  # splits past this one saw no position
-    sp = tl.arange(0, NSPLIT)
-    m_all = tl.max(tl.load(m_ptr + r * NSPLIT + sp, mask=sp < n_act, other=float("-inf")), axis=0)
-    num = tl.zeros([DC], dtype=tl.float32)
-    den = tl.zeros([CH], dtype=tl.float32)
-    for c0 in range(0, n_act, CH):
+    m_all = tl.max(tl.where(sp < n_act, m_each, float("-inf")), axis=0)
+    num, den = _weigh(m, l, o, s < n_act, m_all, tl.zeros([DC], dtype=tl.float32), tl.zeros([CH], dtype=tl.float32))
+    for c0 in range(CH, n_act, CH):
         s = c0 + tl.arange(0, CH)
         smask = s < n_act
-        m = tl.load(m_ptr + r * NSPLIT + s, mask=smask, other=float("-inf"))
-        l = tl.load(l_ptr + r * NSPLIT + s, mask=smask, other=0.0)
-        w = tl.where(m > float("-inf"), tl.exp2(m - m_all), 0.0)
-        o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], other=0.0)
-        num += tl.sum(w[:, None] * o, axis=0)
-        den += w * l
+        m = tl.load(m_ptr + r * NSPLIT + s, mask=smask)
+        l = tl.load(l_ptr + r * NSPLIT + s, mask=smask)
+        o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None])
+        num, den = _weigh(m, l, o, smask, m_all, num, den)
     res = num / tl.sum(den, axis=0)
     tl.store(out_ptr + r * D + dd, res, mask=dd < D)
     if FORM:

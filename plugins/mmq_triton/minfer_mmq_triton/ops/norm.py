@@ -21,12 +21,13 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Row ``m = program_id(0)``: ``out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w``; x (M, E), w (E,)."""
-    enter(PDL)
     m = tl.program_id(0)
     e = tl.arange(0, BLOCK)
     mask = e < E
-    x = tl.load(x_ptr + m * stride_xm + e, mask=mask, other=0.0).to(tl.float32)
+    # the weights (no kernel writes them) load before the wait, so that only x's load follows it
     w = tl.load(w_ptr + e, mask=mask, other=0.0).to(tl.float32)
+    enter(PDL)
+    x = tl.load(x_ptr + m * stride_xm + e, mask=mask, other=0.0).to(tl.float32)
     # stage 1: mean of squares in float32 (padding lanes load 0 and add nothing)
     r = tl.rsqrt(tl.sum(x * x, axis=0) / E + eps)
     # stage 2: scale and weigh

@@ -76,12 +76,13 @@ def store_blocks(x, b, bmask, m, K, xh_ptr, xl_ptr, xs_ptr, x16_ptr):
 
 @triton.jit
 def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, MP,
-                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
+                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, PDL: tl.constexpr,
+                    ROWS: tl.constexpr):
     """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums
     (ROWS: the batched GEMMs' tables, see :func:`quantize_x`; ``MP``: their row stride).
 
     PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
-    sums the squares of the whole row, RB values at a time); 2 SwiGLU of a (M, 2K) row
+    sums the squares of the whole row, ``NRB`` chunks of ``RB = 32 QB`` values); 2 SwiGLU of a (M, 2K) row
     ``[g | u]``: ``silu(g) * u``.
     """
     m = tl.program_id(0)
@@ -92,15 +93,22 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
         nw = tl.load(nw_ptr + off, mask=bmask[:, None, None], other=0.0)
     enter(PDL)
     row = x_ptr + m * stride_xm
-    x = tl.load(row + off, mask=bmask[:, None, None], other=0.0)
     if PRO == 1:
+        # the row in NRB chunks of RB = 32 QB values, unrolled so that every load goes out at once (one
+        # L2 round trip after the wait); chunk program_id(1) is this program's blocks
         sq = tl.zeros([RB], dtype=tl.float32)
-        for k0 in range(0, K, RB):
-            r = k0 + tl.arange(0, RB)
+        for i in tl.static_range(NRB):
+            r = i * RB + tl.arange(0, RB)
             v = tl.load(row + r, mask=r < K, other=0.0)
             sq += v * v
+            if i == 0:
+                own = v
+            else:
+                own = tl.where(tl.program_id(1) == i, v, own)
         rs = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-        x = x * rs * nw
+        x = tl.reshape(own, [QB, 2, 16]) * rs * nw
+    else:
+        x = tl.load(row + off, mask=bmask[:, None, None], other=0.0)
     if PRO == 2:
         u = tl.load(row + K + off, mask=bmask[:, None, None], other=0.0)
         x = x * tl.sigmoid(x) * u
@@ -145,7 +153,9 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
     _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), mp,
-                                                            QB=QUANT_BLOCKS, PRO=pro, RB=1024, ROWS=rows,
+                                                            QB=QUANT_BLOCKS, PRO=pro, RB=32 * QUANT_BLOCKS,
+                                                            NRB=triton.cdiv(k, 32 * QUANT_BLOCKS) if pro == 1 else 0,
+                                                            ROWS=rows,
                                                             num_warps=4, **launch_args(pdl))
     if rows:
         return xh.view(torch.int32), xs, x16

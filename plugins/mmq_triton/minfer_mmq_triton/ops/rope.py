@@ -71,10 +71,11 @@ def _rope_kv_kernel(
         kr = k_ptr + t * stride_kt + h * D
         a = tl.load(kr + ia, mask=tm)
         b = tl.load(kr + ib, mask=tm)
+        d = tl.arange(0, D)[None, :]
+        # v loads before k's stores, which the compiler may not move it past (they could alias)
+        v = tl.load(v_ptr + t * stride_vi + h * D + d, mask=tm)
         tl.store(krow + ia, (a * c - b * s).to(tl.float16), mask=tm)
         tl.store(krow + ib, (a * s + b * c).to(tl.float16), mask=tm)
-        d = tl.arange(0, D)[None, :]
-        v = tl.load(v_ptr + t * stride_vi + h * D + d, mask=tm)
         tl.store(vc_ptr + row * stride_vt + h * stride_vh + d, v.to(tl.float16), mask=tm)
 
 
