@@ -11,11 +11,7 @@ Rules every kernel launched this way keeps, so the chain stays ordered as withou
 
 1. every program calls :func:`enter` (the wait) unconditionally: a kernel ends only after its
    predecessor has ended, hence after every kernel before it;
-2. nothing at all is written before :func:`enter`, and nothing is read there that the kernel just
-   before writes. What kernels two or more launches back wrote may be read: a kernel starts only once
-   every program of its predecessor has passed its own wait (rule 1), which returns only after the
-   kernel before that has ended. In the decode step that allows weights (no kernel writes them) and
-   what the step writes before its first layer (the attention's ``n_valid``).
+2. nothing an earlier kernel writes is read, and nothing at all is written, before :func:`enter`.
 
 Kernels launched without the attribute (torch's) wait for their predecessor as always, and
 ``enter`` is a no-op for a kernel launched without it. Off on the CPU, below 9.0, and when

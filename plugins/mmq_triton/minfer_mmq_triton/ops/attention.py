@@ -54,8 +54,8 @@ def _attn_split_kernel(
 ):
     g = tl.program_id(0)
     s = tl.program_id(1)
-    nv = tl.load(nv_ptr)  # before the wait: the step writes it before its first layer (launch.pdl, rule 2)
     enter(PDL)
+    nv = tl.load(nv_ptr)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
     hi = tl.minimum(lo + share, nv)
