@@ -34,36 +34,27 @@ QH_W = gl.constexpr(QH_AT // 4)  # word of qh in a block
 SC = gl.constexpr(SC_AT)  # byte offset of the int8 scales
 
 _Q6_MMA2 = gl.constexpr("""{
-.reg .b32 a0, a1, a2, a3, s0, s1, s2, s3, z;
+.reg .b32 a0, a1, a2, a3, t, z;
 mov.b32 z, 0;
-and.b32 a0, $4, 0x0F0F0F0F; and.b32 a1, $6, 0x0F0F0F0F; and.b32 a2, $4, 0xF0F0F0F0; and.b32 a3, $6, 0xF0F0F0F0;
+shr.b32 t, $8, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a0, $4, 0x0F0F0F0F; or.b32 a0, a0, t;
+shr.b32 t, $10, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a1, $6, 0x0F0F0F0F; or.b32 a1, a1, t;
+shr.b32 t, $8, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a2, $4, 4; and.b32 a2, a2, 0x0F0F0F0F; or.b32 a2, a2, t;
+shr.b32 t, $10, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a3, $6, 4; and.b32 a3, a3, 0x0F0F0F0F; or.b32 a3, a3, t;
 mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$12, $14}, {z, z, z, z};
-and.b32 a0, $5, 0x0F0F0F0F; and.b32 a1, $7, 0x0F0F0F0F; and.b32 a2, $5, 0xF0F0F0F0; and.b32 a3, $7, 0xF0F0F0F0;
+shr.b32 t, $9, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a0, $5, 0x0F0F0F0F; or.b32 a0, a0, t;
+shr.b32 t, $11, $16; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; and.b32 a1, $7, 0x0F0F0F0F; or.b32 a1, a1, t;
+shr.b32 t, $9, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a2, $5, 4; and.b32 a2, a2, 0x0F0F0F0F; or.b32 a2, a2, t;
+shr.b32 t, $11, $18; and.b32 t, t, 0x03030303; shl.b32 t, t, 4; shr.b32 a3, $7, 4; and.b32 a3, a3, 0x0F0F0F0F; or.b32 a3, a3, t;
 mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, {$13, $15}, {$0, $1, $2, $3};
-and.b32 a0, $8, $16; and.b32 a1, $10, $16; and.b32 a2, $8, $18; and.b32 a3, $10, $18;
-mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {s0, s1, s2, s3}, {a0, a1, a2, a3}, {$12, $14}, {z, z, z, z};
-and.b32 a0, $9, $17; and.b32 a1, $11, $17; and.b32 a2, $9, $19; and.b32 a3, $11, $19;
-mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {s0, s1, s2, s3}, {a0, a1, a2, a3}, {$13, $15}, {s0, s1, s2, s3};
-mad.lo.s32 $0, s0, $20, $0; mad.lo.s32 $1, s1, $20, $1; mad.lo.s32 $2, s2, $21, $2; mad.lo.s32 $3, s3, $21, $3;
-shr.s32 $0, $0, $22; shr.s32 $1, $1, $22; shr.s32 $2, $2, $23; shr.s32 $3, $3, $23;
 }""")
-_Q6_MMA2_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 20))
+_Q6_MMA2_CONSTRAINTS = gl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 16))
 
 
 @gluon.jit
-def _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, m_lo, m_hi, mult, shift):
-    """Four MMAs over one q6_K group: ``[..., 2]`` (word pair m) of ``ql`` / ``qh`` words of rows g and
-    g + 8, B registers -> (row g: h, l), (row g + 8: h, l) sums of ``u x`` over the lane's sub-block.
-
-    The 6-bit ``u = nibble + 16 q2`` is never assembled: two MMAs take the ``ql`` nibbles (low ones at
-    k rows ``4c ..``, high ones kept in place, 16x, at ``16 + 4c ..``), two more the ``qh`` fields kept in
-    place (``qh & m_lo`` / ``m_hi``: field ``c // 2`` / ``2 + c // 2``, ``4^field`` times their value),
-    into a second accumulator. Column sub-block ``k`` then sums ``S_l + mult S_h`` (``mult`` 16 for even
-    ``k``, 4 for odd) to ``u x`` summed, 16x for ``k >= 2``, shifted back by ``shift`` (exact: a
-    multiple of 16). Same integers as assembling ``u`` first (two MMAs), in 24 integer instructions a
-    group where that took 44."""
-    return gl.inline_asm_elementwise(_Q6_MMA2, _Q6_MMA2_CONSTRAINTS,
-                                     [ql_g, ql_h, qh_g, qh_h, b0, b1, m_lo, m_hi, mult, shift],
+def _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1):
+    """Two MMAs over one q6_K group: ``[..., 2]`` (word pair m) of ``ql`` / ``qh`` words of rows g and
+    g + 8, B registers, qh shifts (``2 (c // 2)``, ``4 + 2 (c // 2)``) -> (row g: h, l), (row g + 8: h, l)."""
+    return gl.inline_asm_elementwise(_Q6_MMA2, _Q6_MMA2_CONSTRAINTS, [ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1],
                                      dtype=(gl.int32, gl.int32), is_pure=True, pack=2)
 
 
@@ -98,10 +89,8 @@ def _gemv_q6k_mma_kernel(
     w4 = 2 * (ac % 2) + am
     ql_col = ab * WW + 16 * hh + 8 * (ac // 2) + 4 * ss + w4  # [1, 1, S, 1, 4, 4, 2] words of step block b
     qh_col = ab * WW + QH_W + 8 * hh + 4 * ss + w4
-    m_lo = 0x03030303 << (2 * (ac // 2) + am * 0)  # the qh field of the lane's low / high k rows, in place
-    m_hi = m_lo << 4
-    mult = gl.where(ac % 2 == 0, 16, 4) + am * 0  # per accumulator column sub-block c (see _group_sums)
-    shift = gl.where(ac >= 2, 4, 0) + am * 0
+    sh0 = 2 * (ac // 2) + am * 0
+    sh1 = sh0 + 4
     # B: lane (g, c): digit g % 2 of the words k = c // 2 (low) / 2 + c // 2 (high) when in column g's
     # sub-block g // 2
     gs = ag // 2
@@ -154,7 +143,7 @@ def _gemv_q6k_mma_kernel(
             x16 = gl.load(x16_ptr + x16i + b0_ * 16, mask=bm6, other=0.0)
         b0 = gl.where(low_col, xv, 0)
         b1 = gl.where(low_col, 0, xv)
-        sg_, sh_ = _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, m_lo, m_hi, mult, shift)  # [.., 2]: (h, l) digit sums
+        sg_, sh_ = _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1)  # [.., 2]: (h, l) digit sums
         hg, lg = gl.split(sg_)
         hh_, lh_ = gl.split(sh_)
         vg = gl.convert_layout(hg, L6).to(gl.float32) + gl.convert_layout(lg, L6).to(gl.float32) * (1.0 / 256.0)
