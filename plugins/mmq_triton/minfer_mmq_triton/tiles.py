@@ -117,18 +117,6 @@ DEQUANT_TILES = {"q4_k": (32, 4, 4), "q6_k": (32, 1, 4)}
 #: PREFETCH_LINES 128-byte lines of each row before waiting for the previous kernel. It pays where
 #: kernels are short and costs where grids run many waves (later waves re-request their lines).
 PREFETCH_LINES, PREFETCH_MAX_VALUES = 8, 10_000_000
-#: The tensor-core GEMVs (``q4_k.gemv_mma``, ``q6_k.gemv_mma``) under PDL ask L2 for their first step's
-#: weights before the wait in grids of up to MMA_PREFETCH_PROGRAMS programs (one wave at the 7B's tiles:
-#: every GEMV of a layer; not the output head's 2,376).
-MMA_PREFETCH_PROGRAMS = 1024
-
-
-def mma_prefetch_lines(programs: int, step_bytes: int) -> int:
-    """128-byte lines a row a tensor-core GEMV asks L2 for before its PDL wait: its first step's
-    ``step_bytes``, as a power of two (0: a grid of more than MMA_PREFETCH_PROGRAMS programs)."""
-    if programs > MMA_PREFETCH_PROGRAMS:
-        return 0
-    return 1 << max(0, (-(-step_bytes // 128) - 1).bit_length())
 
 
 def use_fused(m: int, n: int, k: int) -> bool:

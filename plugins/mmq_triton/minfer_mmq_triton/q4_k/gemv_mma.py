@@ -34,11 +34,11 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.mma import ax, prefetch_l2
+from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
 from ..ops.quant_x import as_words, form_buffers, quantize_x, two_digits
-from ..tiles import glu_fits, mma_prefetch_lines
+from ..tiles import glu_fits
 from .plane import Q4KPlane
 
 _MMA4 = gl.constexpr("""{
@@ -105,20 +105,6 @@ def _tile_row(i, pid, N, BN: gl.constexpr, TILES: gl.constexpr, GLU: gl.constexp
 
 
 @gluon.jit
-def _prefetch_first(qw_ptr, sc_ptr, dm_ptr, pid, N, NT, lo, BN: gl.constexpr, TILES: gl.constexpr,
-                    GLU: gl.constexpr, PF: gl.constexpr):
-    """Ask L2 for the first step of this program's rows (from span ``lo``): ``PF`` lines of quant words,
-    one of scale words and one of d / dmin a row."""
-    LP: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 16, 2], [gl.num_warps(), 1, 1], [2, 1, 0])
-    row = gl.minimum(_tile_row(ax(TILES, 0, 3, LP), pid, N, BN, TILES, GLU) + ax(16, 1, 3, LP), N - 1).to(gl.int64)
-    prefetch_l2(qw_ptr + row * (NT * 16) + gl.minimum(lo * 16 + ax(PF, 2, 3, LP) * 32, NT * 16 - 1))
-    LR: gl.constexpr = gl.SliceLayout(2, LP)
-    row = gl.minimum(_tile_row(ax(TILES, 0, 2, LR), pid, N, BN, TILES, GLU) + ax(16, 1, 2, LR), N - 1).to(gl.int64)
-    prefetch_l2(sc_ptr + row * (NT * 2) + lo * 2)
-    prefetch_l2(dm_ptr + row * (NT // 2) + lo // 2)
-
-
-@gluon.jit
 def _store_glu(y, xm, pid, K, oh_ptr, ol_ptr, os_ptr, o16_ptr, TILES: gl.constexpr):
     """``silu(g) * u`` of a GLU program's sums ``y`` [W, T, 8, 2] (gate rows in its first half of
     tiles, the matching up rows in the second) as blocks of ``quant_x.FORM`` of activation row ``xm``
@@ -152,14 +138,12 @@ def _gemv_q4p_mma_kernel(
     oh_ptr, ol_ptr, os_ptr, o16_ptr,
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False, PF: gl.constexpr = 0,
+    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans.
     LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
     GLU (a ``[gate | up]`` weight, SPLIT 1, no bias): the program's tiles pair gate and up rows
-    (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..).
-    PF > 0 (with PDL): before the wait, ask L2 for the first step's weights (:func:`_prefetch_first`, PF
-    lines of quant words a row; weights: nothing an earlier kernel writes)."""
+    (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -198,8 +182,6 @@ def _gemv_q4p_mma_kernel(
     per = gl.cdiv(gl.cdiv(NT, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NT)
-    if PF > 0:
-        _prefetch_first(qw_ptr, sc_ptr, dm_ptr, pid, N, NT, lo, BN, W * T, GLU, PF)
     enter(PDL)
     x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
     xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
@@ -265,7 +247,6 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
         xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form,
         n, nt, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
-        PDL=pdl, GLU=glu, PF=mma_prefetch_lines(scratch.n_blocks * split, 64 * spans) if pdl else 0,
-        num_warps=num_warps, **extra)
+        PDL=pdl, GLU=glu, num_warps=num_warps, **extra)
     return (y, as_words(*form)) if glu else y
 

@@ -22,11 +22,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.mma import ax, prefetch_l2
+from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
 from ..ops.quant_x import quantize_x
-from ..tiles import mma_prefetch_lines
 from .plane import DECODE_BYTES, QH_AT, SC_AT
 
 WB = gl.constexpr(DECODE_BYTES)  # bytes of a block in the decode plane
@@ -60,28 +59,14 @@ def _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1):
 
 
 @gluon.jit
-def _prefetch_first(w32_ptr, d_ptr, N, NB, lo, BN: gl.constexpr, TILES: gl.constexpr, PF: gl.constexpr):
-    """Ask L2 for the first step of this program's rows (from block ``lo``): ``PF`` lines of the decode
-    plane and one of ``d`` a row."""
-    LP: gl.constexpr = gl.BlockedLayout([1, 1, 1], [1, 16, 2], [gl.num_warps(), 1, 1], [2, 1, 0])
-    row = gl.program_id(0) * BN + ax(TILES, 0, 3, LP) * 16 + ax(16, 1, 3, LP)
-    row = gl.minimum(row, N - 1).to(gl.int64)
-    prefetch_l2(w32_ptr + row * (NB * WW) + gl.minimum(lo * WW + ax(PF, 2, 3, LP) * 32, NB * WW - 1))
-    LR: gl.constexpr = gl.SliceLayout(2, LP)
-    row = gl.minimum(gl.program_id(0) * BN + ax(TILES, 0, 2, LR) * 16 + ax(16, 1, 2, LR), N - 1).to(gl.int64)
-    prefetch_l2(d_ptr + row * NB + lo)
-
-
-@gluon.jit
 def _gemv_q6k_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    PDL: gl.constexpr, EVICT: gl.constexpr = "", PF: gl.constexpr = 0,
+    PDL: gl.constexpr, EVICT: gl.constexpr = "",
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks.
-    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``). PF > 0 (with PDL):
-    before the wait, ask L2 for the first step's weights (:func:`_prefetch_first`)."""
+    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -126,8 +111,6 @@ def _gemv_q6k_mma_kernel(
     per = gl.cdiv(gl.cdiv(NB, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NB)
-    if PF > 0:
-        _prefetch_first(w32_ptr, d_ptr, N, NB, lo, BN, W * T, PF)
     enter(PDL)
     acc_g = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
@@ -195,7 +178,6 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
         n, nb, y.stride(0), sbm, scratch.n_blocks,
         HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
         EVICT="evict_first" if evict_first else "",
-        PF=mma_prefetch_lines(scratch.n_blocks * split, DECODE_BYTES * blocks) if pdl else 0,
         num_warps=num_warps, **extra)
     return y
 
