@@ -52,9 +52,9 @@ def _attn_split_kernel(
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
+    enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
-    enter(PDL)
     nv = tl.load(nv_ptr)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
