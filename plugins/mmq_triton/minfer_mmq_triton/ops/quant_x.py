@@ -76,13 +76,12 @@ def store_blocks(x, b, bmask, m, K, xh_ptr, xl_ptr, xs_ptr, x16_ptr):
 
 @triton.jit
 def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm, eps, MP,
-                    QB: tl.constexpr, PRO: tl.constexpr, RB: tl.constexpr, NRB: tl.constexpr, PDL: tl.constexpr,
-                    ROWS: tl.constexpr):
+                    QB: tl.constexpr, PRO: tl.constexpr, NRB: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     """x (M, K) f32 -> xh, xl int8 (M, K); xs f32 (M, K/32) block scales; x16 f32 (M, K/16) sums
     (ROWS: the batched GEMMs' tables, see :func:`quantize_x`; ``MP``: their row stride).
 
     PRO (the fused prologue): 0 none; 1 RMSNorm, ``x * rsqrt(mean(x^2) + eps) * nw`` (each program
-    sums the squares of the whole row, ``NRB`` chunks of ``RB = 32 QB`` values); 2 SwiGLU of a (M, 2K) row
+    sums the squares of the whole row, ``NRB`` chunks of ``32 QB`` values); 2 SwiGLU of a (M, 2K) row
     ``[g | u]``: ``silu(g) * u``.
     """
     m = tl.program_id(0)
@@ -94,8 +93,9 @@ def _quant_x_kernel(x_ptr, nw_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, K, stride_xm
     enter(PDL)
     row = x_ptr + m * stride_xm
     if PRO == 1:
-        # the row in NRB chunks of RB = 32 QB values, unrolled so that every load goes out at once (one
-        # L2 round trip after the wait); chunk program_id(1) is this program's blocks
+        # the row in NRB chunks of a program's RB = 32 QB values, unrolled so that every load goes out at
+        # once (one L2 round trip after the wait); chunk program_id(1) is this program's blocks
+        RB: tl.constexpr = 32 * QB
         sq = tl.zeros([RB], dtype=tl.float32)
         for i in tl.static_range(NRB):
             r = i * RB + tl.arange(0, RB)
@@ -153,7 +153,7 @@ def quantize_x(x: torch.Tensor, norm: tuple | None = None, swiglu: bool = False,
     pro = 1 if norm is not None else 2 if swiglu else 0
     nw, eps = norm if norm is not None else (x, 0.0)
     _quant_x_kernel[(m, triton.cdiv(k // 32, QUANT_BLOCKS))](x, nw, xh, xl, xs, x16, k, x.stride(0), float(eps), mp,
-                                                            QB=QUANT_BLOCKS, PRO=pro, RB=32 * QUANT_BLOCKS,
+                                                            QB=QUANT_BLOCKS, PRO=pro,
                                                             NRB=triton.cdiv(k, 32 * QUANT_BLOCKS) if pro == 1 else 0,
                                                             ROWS=rows,
                                                             num_warps=4, **launch_args(pdl))
