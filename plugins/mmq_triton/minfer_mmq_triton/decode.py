@@ -35,7 +35,8 @@ per load like ``MINFER_PDL``.
 
 On compute capability 9.0+ the kernels launch with programmatic dependent launch (``launch.pdl``),
 decided once per load from the load context (``MINFER_PDL=0`` turns it off); it changes when a
-kernel starts, never what it computes.
+kernel starts, never what it computes. Under it the split tensor-core GEMVs also reduce their splits
+inside a thread-block cluster (``launch.cluster``): the same sums in the same order, so the same bits.
 """
 
 from __future__ import annotations
@@ -123,11 +124,12 @@ def reads_forms(config: tuple) -> tuple[str, ...]:
 
 def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
               config: Optional[tuple] = None, role: str = "",
-              pdl: bool = False) -> Callable[..., torch.Tensor]:
+              pdl: bool = False, cluster: bool = False) -> Callable[..., torch.Tensor]:
     """``fn(x (M, K) f32, residual=None, norm=None, swiglu=False) -> (M, n) f32`` over prepared
     ``data`` (see :func:`prepare`); ``fn.fuses`` says which keywords the kernels do themselves
     (``glu_out`` for a ``gate_up`` weight under :func:`writes_glu`: an ``Activation`` then).
-    ``pdl``: launch with programmatic dependent launch (``launch.pdl``; CUDA, compute capability 9.0+).
+    ``pdl``: launch with programmatic dependent launch (``launch.pdl``; CUDA, compute capability 9.0+);
+    ``cluster``: the split tensor-core GEMVs reduce inside a cluster (``launch.cluster``; the same).
 
     ``config``: ``(BN, BB, num_warps[, MODE[, SPLIT[, STAGES]]])`` (MODE 3: LOOKAHEAD in place of
     STAGES), default :func:`decode_config`."""
@@ -157,13 +159,14 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
         if qt == QT.Q4_K:
             def run(x, res, norm, swiglu, xq=None, glu=False):
                 return gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
-                                    lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq, glu=glu)
+                                    lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq, glu=glu,
+                                    cluster=cluster)
         else:
             evict = q6k_evict_first(n)
 
             def run(x, res, norm, swiglu, xq=None):
                 return gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl, xq=xq,
-                                    evict_first=evict)
+                                    evict_first=evict, cluster=cluster)
     elif mode == 2:
         if qt not in INT8:
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")
@@ -253,10 +256,10 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
                 if weight.raw is None and (raw or not has_plane):
                     raise RuntimeError(f"{label}: {weight.name} has neither raw blocks nor a decode plane")
                 state["fn"] = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config,
-                                        role=weight.role, pdl=pdl)
+                                        role=weight.role, pdl=pdl, cluster=pdl)
             return state["fn"](x, **kw)
 
         return [Candidate(PLUGIN, label, lazy, fuses=fused, reads=reads_forms(config))]
     fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config, role=weight.role,
-                   pdl=pdl)
+                   pdl=pdl, cluster=pdl)  # clusters: compute capability 9.0+, as PDL, and off with it
     return [Candidate(PLUGIN, label, fn, fuses=fused, reads=fn.reads, reads_raw=raw)]

@@ -82,7 +82,8 @@ def declared_gates() -> list[Gate]:
              "those GEMVs stay on the dp4a kernels (the same integer sums, another float summation order); the "
              "batched step runs q4_K / q6_K over fixed row tiles, on the fused GEMM", group="decode"),
         Gate("MINFER_PDL", True, "decode kernels and the batched step's kernels launch with programmatic "
-             "dependent launch (CUDA, cc >= 9.0)", "they launch without PDL (A/B runs, debugging)", group="decode"),
+             "dependent launch, and the split tensor-core decode GEMVs as thread-block clusters (CUDA, cc >= 9.0)",
+             "they launch without PDL or clusters (A/B runs, debugging)", group="decode"),
     ]
 
 

@@ -34,6 +34,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..launch.cluster import cluster_ids, cluster_sum, launch_in_clusters
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
@@ -138,12 +139,13 @@ def _gemv_q4p_mma_kernel(
     oh_ptr, ol_ptr, os_ptr, o16_ptr,
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False,
+    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False, CLUSTER: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans.
     LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
     GLU (a ``[gate | up]`` weight, SPLIT 1, no bias): the program's tiles pair gate and up rows
-    (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..)."""
+    (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..).
+    CLUSTER: the SPLIT programs of a row block are a cluster (``launch.cluster``; grid ``(cdiv(N, BN), 1, M)``)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -153,8 +155,11 @@ def _gemv_q4p_mma_kernel(
                                         [5, 4, 3, 2, 1, 0])
     LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, LH))  # [W, T, 8, 2]
 
-    pid = gl.program_id(0)
-    s_id = gl.program_id(1)
+    if CLUSTER:
+        pid, s_id = cluster_ids(SPLIT)
+    else:
+        pid = gl.program_id(0)
+        s_id = gl.program_id(1)
     xm = gl.program_id(2)
 
     # quant words: lane (g, c) reads words 4c .. 4c + 3 of rows g and g + 8 of each tile, S spans
@@ -215,20 +220,28 @@ def _gemv_q4p_mma_kernel(
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = _tile_row(ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY), pid, N, BN, W * T, GLU) + ax(8, 2, 4, LY) \
         + 8 * ax(2, 3, 4, LY)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-               HAS_BIAS, SPLIT)
+    if CLUSTER:
+        y = cluster_sum(y, rows - pid * BN, s_id, 4 * BN, SPLIT)
+        if s_id == 0:
+            store_rows(y, rows, N, xm, pid, 0, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                       HAS_BIAS, 1)
+    else:
+        store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                   HAS_BIAS, SPLIT)
     if GLU:
         _store_glu(y, xm, pid, N // 2, oh_ptr, ol_ptr, os_ptr, o16_ptr, W * T)
 
 
 def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False, lookahead: bool = False, xq: tuple | None = None, glu: bool = False):
+                 pdl: bool = False, lookahead: bool = False, xq: tuple | None = None, glu: bool = False,
+                 cluster: bool = False):
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (the contract of ``q4_k.gemv.gemv_q4p`` with
     ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``xq``: x already in
     ``quant_x.FORM`` (as ``quantize_x`` returns it; no norm or SwiGLU then). ``glu`` (a ``[gate | up]``
     weight, :func:`glu_fits`; no bias, residual or split): returns ``(y, form)``, ``form`` being
-    ``silu(g) * u`` of ``y``'s halves in ``quant_x.FORM``, written by the same kernel."""
+    ``silu(g) * u`` of ``y``'s halves in ``quant_x.FORM``, written by the same kernel. ``cluster``: a split
+    row block runs as one cluster (``launch.cluster``; compute capability 9.0+)."""
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
@@ -242,11 +255,13 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
         form = form_buffers(m, n // 2, x.device)
     else:
         form = (y, y, y, y)  # not written
-    extra = {"launch_pdl": True} if pdl else {}
-    _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](
-        xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form,
-        n, nt, y.stride(0), sbm, scratch.n_blocks,
-        HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split, LOOKAHEAD=lookahead,
-        PDL=pdl, GLU=glu, num_warps=num_warps, **extra)
+    args = (xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form, n, nt, y.stride(0), sbm, scratch.n_blocks)
+    kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split,
+              LOOKAHEAD=lookahead, PDL=pdl, GLU=glu, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
+    if cluster and split > 1:
+        launch_in_clusters(_gemv_q4p_mma_kernel, (scratch.n_blocks, 1, m), split, 4 * 16 * tiles * num_warps,
+                           *args, CLUSTER=True, **kw)
+    else:
+        _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](*args, **kw)
     return (y, as_words(*form)) if glu else y
 

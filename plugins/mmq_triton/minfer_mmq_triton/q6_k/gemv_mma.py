@@ -22,6 +22,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..launch.cluster import cluster_ids, cluster_sum, launch_in_clusters
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
@@ -63,10 +64,11 @@ def _gemv_q6k_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    PDL: gl.constexpr, EVICT: gl.constexpr = "",
+    PDL: gl.constexpr, EVICT: gl.constexpr = "", CLUSTER: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks.
-    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``)."""
+    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``). CLUSTER: as in
+    ``q4_k.gemv_mma``."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -75,8 +77,11 @@ def _gemv_q6k_mma_kernel(
     L6: gl.constexpr = gl.SliceLayout(6, L7)  # [W, T, S, 8, 4, 4]
     LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L6)))  # [W, T, 8]
 
-    pid = gl.program_id(0)
-    s_id = gl.program_id(1)
+    if CLUSTER:
+        pid, s_id = cluster_ids(SPLIT)
+    else:
+        pid = gl.program_id(0)
+        s_id = gl.program_id(1)
     xm = gl.program_id(2)
 
     aw, at, ab = ax(W, 0, 7, L7), ax(T, 1, 7, L7), ax(S, 2, 7, L7)
@@ -155,29 +160,39 @@ def _gemv_q6k_mma_kernel(
     LJ: gl.constexpr = gl.BlockedLayout([1, T, 1, 2], [1, 1, 8, 4], [W, 1, 1, 1], [3, 2, 1, 0])
     y = gl.convert_layout(y, LJ)
     rows = pid * BN + (ax(W, 0, 4, LJ) * T + ax(T, 1, 4, LJ)) * 16 + ax(8, 2, 4, LJ) + 8 * ax(2, 3, 4, LJ)
-    store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-               HAS_BIAS, SPLIT)
+    if CLUSTER:
+        y = cluster_sum(y, rows - pid * BN, s_id, 4 * BN, SPLIT)
+        if s_id == 0:
+            store_rows(y, rows, N, xm, pid, 0, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                       HAS_BIAS, 1)
+    else:
+        store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                   HAS_BIAS, SPLIT)
 
 
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
-                 pdl: bool = False, xq: tuple | None = None, evict_first: bool = False) -> torch.Tensor:
+                 pdl: bool = False, xq: tuple | None = None, evict_first: bool = False,
+                 cluster: bool = False) -> torch.Tensor:
     """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
     ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step;
     ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then); ``evict_first``: the quant words
-    leave L1 first (``tiles.q6k_evict_first``)."""
+    leave L1 first (``tiles.q6k_evict_first``); ``cluster``: as in ``q4_k.gemv_mma.gemv_q4p_mma``."""
     n, nb = data.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     part, cnt = scratch.get(m, x.device)
     b, sbm, has_bias = bias_or_residual(bias, residual, y)
     xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl) if xq is None else xq
-    extra = {"launch_pdl": True} if pdl else {}
-    _gemv_q6k_mma_kernel[(scratch.n_blocks, split, m)](
-        xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
-        n, nb, y.stride(0), sbm, scratch.n_blocks,
-        HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
-        EVICT="evict_first" if evict_first else "",
-        num_warps=num_warps, **extra)
+    args = (xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
+            n, nb, y.stride(0), sbm, scratch.n_blocks)
+    kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
+              EVICT="evict_first" if evict_first else "", num_warps=num_warps,
+              **({"launch_pdl": True} if pdl else {}))
+    if cluster and split > 1:
+        launch_in_clusters(_gemv_q6k_mma_kernel, (scratch.n_blocks, 1, m), split, 4 * 16 * tiles * num_warps,
+                           *args, CLUSTER=True, **kw)
+    else:
+        _gemv_q6k_mma_kernel[(scratch.n_blocks, split, m)](*args, **kw)
     return y
 
