@@ -48,11 +48,13 @@ LEGACY_ONE_STEP = 32
 #: MODE 3 (tensor cores): MMA_WARPS warps a program, each one 16-row tile (q6_K below MMA_TALL rows:
 #: two); matrices of MMA_TALL rows or more (gate|up, the output head) take 2 spans / blocks a step
 #: (q4_K with the next step requested before each step's arithmetic), the others q4_K 4 spans, q6_K
-#: 2 blocks, split-K until the grid has about MMA_PROGRAMS programs (at most MMA_MAX_SPLIT splits).
+#: 2 blocks, split-K until the grid has about MMA_PROGRAMS programs (at most MMA_MAX_SPLIT splits). With
+#: the splits reduced in a cluster (``launch.cluster``) 16 splits still lose (7B tg128, H200, one call:
+#: 493.3 -> 478.7 at the q6_K down, 468.9 at both downs).
 MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
 #: q6_K below MMA_TALL rows: MMA_Q6K_TILES 16-row tiles a warp, MMA_Q6K_BLOCKS blocks a step (7B tg128,
 #: H200, one call: 453.7 against 446.8 at one tile, 443.4 at one tile and one block; 1,280 programs
-#: with 16 splits 425.7, 320 programs 442.5).
+#: with 16 splits 425.7, 320 programs 442.5; under clusters one tile 487.7 against 493.7).
 MMA_Q6K_TILES, MMA_Q6K_BLOCKS = 2, 2
 
 #: Split-K (``launch.split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays under
