@@ -21,6 +21,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .split import store_rows
+
 #: The cluster sizes launched (8 is the portable maximum).
 MAX_CLUSTER = 8
 
@@ -83,9 +85,26 @@ def cluster_sum(y, r, s, EXTRA: gl.constexpr, SPLIT: gl.constexpr):
     return tot
 
 
+@gluon.jit
+def store_split_rows(y, rows, N, xm, pid, s, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                     HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, CLUSTER: gl.constexpr, BN: gl.constexpr):
+    """:func:`launch.split.store_rows` of a program's row sums ``y`` (its ``BN`` rows from ``pid * BN``), or
+    with CLUSTER their sum over the cluster, stored by rank 0."""
+    if CLUSTER:
+        y = cluster_sum(y, rows - pid * BN, s, 4 * BN, SPLIT)
+        if s == 0:
+            store_rows(y, rows, N, xm, pid, 0, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                       HAS_BIAS, 1)
+    else:
+        store_rows(y, rows, N, xm, pid, s, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                   HAS_BIAS, SPLIT)
+
+
 def launch_in_clusters(kernel, grid: tuple, split: int, extra: int, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)`` as ``grid[0] * split`` CTAs in clusters of ``split`` along x, each
-    with ``extra`` more bytes of dynamic shared memory (see the module docstring)."""
+    with ``extra`` more bytes of dynamic shared memory (see the module docstring). Every call first looks
+    the compiled kernel up (Triton's ``warmup``: its argument binding a second time, host time only, none
+    in a replayed CUDA graph), so that a new specialization is set up before it is ever launched."""
     assert 1 < split <= MAX_CLUSTER
     ck = kernel.warmup(*args, grid=grid, **kwargs)  # compiles (once) without launching
     ck = ck.result() if hasattr(ck, "result") else ck  # under asynchronous compilation

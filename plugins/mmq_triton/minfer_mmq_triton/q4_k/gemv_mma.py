@@ -34,10 +34,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.cluster import cluster_ids, cluster_sum, launch_in_clusters
+from ..launch.cluster import cluster_ids, launch_in_clusters, store_split_rows
 from ..launch.mma import ax
 from ..launch.pdl import enter
-from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
+from ..launch.split import SplitScratch, bias_or_residual, whole_steps
 from ..ops.quant_x import as_words, form_buffers, quantize_x, two_digits
 from ..tiles import glu_fits
 from .plane import Q4KPlane
@@ -220,14 +220,8 @@ def _gemv_q4p_mma_kernel(
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = _tile_row(ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY), pid, N, BN, W * T, GLU) + ax(8, 2, 4, LY) \
         + 8 * ax(2, 3, 4, LY)
-    if CLUSTER:
-        y = cluster_sum(y, rows - pid * BN, s_id, 4 * BN, SPLIT)
-        if s_id == 0:
-            store_rows(y, rows, N, xm, pid, 0, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-                       HAS_BIAS, 1)
-    else:
-        store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-                   HAS_BIAS, SPLIT)
+    store_split_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                     HAS_BIAS, SPLIT, CLUSTER, BN)
     if GLU:
         _store_glu(y, xm, pid, N // 2, oh_ptr, ol_ptr, os_ptr, o16_ptr, W * T)
 

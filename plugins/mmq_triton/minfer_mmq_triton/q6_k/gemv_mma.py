@@ -22,10 +22,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.cluster import cluster_ids, cluster_sum, launch_in_clusters
+from ..launch.cluster import cluster_ids, launch_in_clusters, store_split_rows
 from ..launch.mma import ax
 from ..launch.pdl import enter
-from ..launch.split import SplitScratch, bias_or_residual, store_rows, whole_steps
+from ..launch.split import SplitScratch, bias_or_residual, whole_steps
 from ..ops.quant_x import quantize_x
 from .plane import DECODE_BYTES, QH_AT, SC_AT
 
@@ -160,14 +160,8 @@ def _gemv_q6k_mma_kernel(
     LJ: gl.constexpr = gl.BlockedLayout([1, T, 1, 2], [1, 1, 8, 4], [W, 1, 1, 1], [3, 2, 1, 0])
     y = gl.convert_layout(y, LJ)
     rows = pid * BN + (ax(W, 0, 4, LJ) * T + ax(T, 1, 4, LJ)) * 16 + ax(8, 2, 4, LJ) + 8 * ax(2, 3, 4, LJ)
-    if CLUSTER:
-        y = cluster_sum(y, rows - pid * BN, s_id, 4 * BN, SPLIT)
-        if s_id == 0:
-            store_rows(y, rows, N, xm, pid, 0, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-                       HAS_BIAS, 1)
-    else:
-        store_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
-                   HAS_BIAS, SPLIT)
+    store_split_rows(y, rows, N, xm, pid, s_id, y_ptr, stride_ym, bias_ptr, stride_bm, part_ptr, cnt_ptr, n_blocks,
+                     HAS_BIAS, SPLIT, CLUSTER, BN)
 
 
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
