@@ -147,7 +147,7 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
     deq = mode == 1
     split = rest[1] if len(rest) > 1 else decode_config(qt, n, k, role)[4]
     stages = rest[2] if len(rest) > 2 else 3  # Triton's num_stages (software pipelining of the loop)
-    scratch = SplitScratch(n, bn, split)
+    scratch = SplitScratch(n, bn, 1 if cluster and mode == 3 else split)  # a cluster's splits need none
     prefetch = prefetch_lines(n, k) if pdl else 0
     if mode == 3:
         if qt not in INT8:

@@ -3,7 +3,7 @@ without the L2 round trips of :func:`launch.split.store_rows`.
 
 There a split stores its partial row sums to global memory, counts itself in on an arrival atomic,
 and the last to arrive reloads every partial: three dependent trips to L2 after the loop. Here the
-``SPLIT`` programs of a row block are one cluster (``launch_in_clusters``): each writes its partial to
+``SPLIT`` programs of a row block are one cluster (``launch_split``): each writes its partial to
 its own shared memory, the cluster meets at a barrier (release / acquire), and rank 0 reads the
 partials over distributed shared memory in the fixed order ``s = 0, 1, ...`` (the same float sums, so
 the same bits, as ``store_rows``) and stores ``y``; a second barrier keeps the others' shared memory
@@ -100,19 +100,26 @@ def store_split_rows(y, rows, N, xm, pid, s, y_ptr, stride_ym, bias_ptr, stride_
                    HAS_BIAS, SPLIT)
 
 
-def launch_in_clusters(kernel, grid: tuple, split: int, extra: int, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)`` as ``grid[0] * split`` CTAs in clusters of ``split`` along x, each
-    with ``extra`` more bytes of dynamic shared memory (see the module docstring). Every call first looks
-    the compiled kernel up (Triton's ``warmup``: its argument binding a second time, host time only, none
-    in a replayed CUDA graph), so that a new specialization is set up before it is ever launched."""
-    assert 1 < split <= MAX_CLUSTER
+def launch_split(kernel, n_blocks: int, split: int, m: int, rows: int, cluster: bool, *args, **kwargs):
+    """A split GEMV ``kernel`` of ``rows`` weight rows a program: grid ``(n_blocks, split, m)``, or with
+    ``cluster`` (and ``split > 1``) ``CLUSTER=True`` over ``n_blocks * split`` CTAs in clusters of ``split``
+    along x, each with ``4 rows`` more bytes of dynamic shared memory for its partials (see the module
+    docstring). A cluster launch first looks the compiled kernel up (Triton's ``warmup``: its argument
+    binding a second time, host time only, none in a replayed CUDA graph), so that a new specialization
+    is set up before it is ever launched."""
+    if not cluster or split == 1:
+        kernel[(n_blocks, split, m)](*args, **kwargs)
+        return
+    assert split <= MAX_CLUSTER
+    grid = (n_blocks, 1, m)
+    kwargs["CLUSTER"] = True
     ck = kernel.warmup(*args, grid=grid, **kwargs)  # compiles (once) without launching
     ck = ck.result() if hasattr(ck, "result") else ck  # under asynchronous compilation
     want = getattr(ck, "minfer_cluster", None)
     if want is None:
         nw, ctas, shared = ck.packed_metadata
         assert ctas == 1 and 0 < shared, "a cluster launch needs a one-CTA kernel that uses shared memory"
-        total = -(-shared // 16) * 16 + extra
+        total = -(-shared // 16) * 16 + 4 * rows
         assert total <= 48 << 10, "more dynamic shared memory than a launch gets without opting in"
         ck.packed_metadata = (nw, split, total)
         ck.minfer_cluster = want = split

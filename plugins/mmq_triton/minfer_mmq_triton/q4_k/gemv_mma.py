@@ -34,7 +34,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.cluster import cluster_ids, launch_in_clusters, store_split_rows
+from ..launch.cluster import cluster_ids, launch_split, store_split_rows
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
@@ -252,10 +252,6 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
     args = (xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form, n, nt, y.stride(0), sbm, scratch.n_blocks)
     kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split,
               LOOKAHEAD=lookahead, PDL=pdl, GLU=glu, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
-    if cluster and split > 1:
-        launch_in_clusters(_gemv_q4p_mma_kernel, (scratch.n_blocks, 1, m), split, 4 * 16 * tiles * num_warps,
-                           *args, CLUSTER=True, **kw)
-    else:
-        _gemv_q4p_mma_kernel[(scratch.n_blocks, split, m)](*args, **kw)
+    launch_split(_gemv_q4p_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return (y, as_words(*form)) if glu else y
 

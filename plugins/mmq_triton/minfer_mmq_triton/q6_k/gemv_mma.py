@@ -22,7 +22,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.cluster import cluster_ids, launch_in_clusters, store_split_rows
+from ..launch.cluster import cluster_ids, launch_split, store_split_rows
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
@@ -183,10 +183,6 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
     kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
               EVICT="evict_first" if evict_first else "", num_warps=num_warps,
               **({"launch_pdl": True} if pdl else {}))
-    if cluster and split > 1:
-        launch_in_clusters(_gemv_q6k_mma_kernel, (scratch.n_blocks, 1, m), split, 4 * 16 * tiles * num_warps,
-                           *args, CLUSTER=True, **kw)
-    else:
-        _gemv_q6k_mma_kernel[(scratch.n_blocks, split, m)](*args, **kw)
+    launch_split(_gemv_q6k_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return y
 
