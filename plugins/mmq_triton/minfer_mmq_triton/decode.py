@@ -156,17 +156,17 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
         from .q6_k.gemv_mma import gemv_q6k_mma
 
         tiles = bn // (16 * warps)
+        ahead = bool(rest[2]) if len(rest) > 2 else False
         if qt == QT.Q4_K:
             def run(x, res, norm, swiglu, xq=None, glu=False):
                 return gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
-                                    lookahead=bool(rest[2]) if len(rest) > 2 else False, xq=xq, glu=glu,
-                                    cluster=cluster)
+                                    lookahead=ahead, xq=xq, glu=glu, cluster=cluster)
         else:
             evict = q6k_evict_first(n)
 
             def run(x, res, norm, swiglu, xq=None):
                 return gemv_q6k_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl, xq=xq,
-                                    evict_first=evict, cluster=cluster)
+                                    evict_first=evict, cluster=cluster, lookahead=ahead)
     elif mode == 2:
         if qt not in INT8:
             raise ValueError(f"int8-dot GEMV covers q4_K and q6_K, not {qt.name}")

@@ -45,17 +45,20 @@ INT8_MAX_SPLIT = {QT.Q4_K: 8, QT.Q6_K: 4}
 #: whole row (4 or 8 rows a program), so no program waits for memory twice.
 LEGACY_ONE_STEP = 32
 
-#: MODE 3 (tensor cores): MMA_WARPS warps a program, each one 16-row tile (q6_K below MMA_TALL rows:
-#: two); matrices of MMA_TALL rows or more (gate|up, the output head) take 2 spans / blocks a step
-#: (q4_K with the next step requested before each step's arithmetic), the others q4_K 4 spans, q6_K
-#: 2 blocks, split-K until the grid has about MMA_PROGRAMS programs (at most MMA_MAX_SPLIT splits). With
-#: the splits reduced in a cluster (``launch.cluster``) 16 splits still lose (7B tg128, H200, one call:
-#: 493.3 -> 478.7 at the q6_K down, 468.9 at both downs).
+#: MODE 3 (tensor cores), q4_K: MMA_WARPS warps a program, each one 16-row tile; matrices of MMA_TALL rows
+#: or more (gate|up) take 2 spans a step with the next step requested before each step's arithmetic, the
+#: others 4 spans; split-K until the grid has about MMA_PROGRAMS programs (at most MMA_MAX_SPLIT splits).
+#: With the splits reduced in a cluster (``launch.cluster``) 16 splits still lose (7B tg128, H200, one
+#: call: 493.3 -> 478.7 at the q6_K down, 468.9 at both downs).
 MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
-#: q6_K below MMA_TALL rows: MMA_Q6K_TILES 16-row tiles a warp, MMA_Q6K_BLOCKS blocks a step (7B tg128,
-#: H200, one call: 453.7 against 446.8 at one tile, 443.4 at one tile and one block; 1,280 programs
-#: with 16 splits 425.7, 320 programs 442.5; under clusters one tile 487.7 against 493.7).
-MMA_Q6K_TILES, MMA_Q6K_BLOCKS = 2, 2
+#: q6_K's own: ``(16-row tiles a warp, blocks a step, num_warps, LOOKAHEAD)`` below MMA_TALL rows (the 7B's
+#: down; split as q4_K) and from it (the output head, no split). Before the clusters, two tiles and two
+#: blocks on 4 warps won below MMA_TALL (7B tg128, H200, one call: 453.7 against 446.8 at one tile, 443.4
+#: at one tile and one block; 1,280 programs with 16 splits 425.7, 320 programs 442.5; one tile, one block,
+#: 8 warps and the step ahead no faster); under clusters one tile, one block, 8 warps and the step ahead
+#: (and the output head one block and the step ahead, where it took two blocks) win: 493.97 / 493.97 ->
+#: 505.95 / 505.96 (the output head alone 498.53 / 498.65; both trees alternating, one call).
+MMA_Q6K, MMA_TALL_Q6K = (1, 1, 8, 1), (1, 1, MMA_WARPS, 1)
 
 #: Split-K (``launch.split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays under
 #: TARGET_PROGRAMS and each split keeps MIN_STEPS steps (MIN_STEPS_TINY under 2 MiB, where latency
@@ -321,13 +324,16 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
 def mma_config(qt, n: int) -> tuple[int, ...]:
     """MODE 3's ``(BN, BB, num_warps, 3, SPLIT, LOOKAHEAD)`` for a q4_K (BB: spans) or q6_K (BB:
     blocks) weight of ``n`` rows."""
-    if n >= MMA_TALL:
-        return 16 * MMA_WARPS, 2, MMA_WARPS, 3, 1, int(qt == QT.Q4_K)
-    bn = 16 * MMA_WARPS * (MMA_Q6K_TILES if qt == QT.Q6_K else 1)
+    tall = n >= MMA_TALL
+    if qt == QT.Q6_K:
+        tiles, bb, warps, ahead = MMA_TALL_Q6K if tall else MMA_Q6K
+    else:
+        tiles, bb, warps, ahead = (1, 2, MMA_WARPS, 1) if tall else (1, 4, MMA_WARPS, 0)
+    bn = 16 * tiles * warps
     split, blocks = 1, -(-n // bn)
-    while split < MMA_MAX_SPLIT and blocks * split * 2 <= MMA_PROGRAMS:
+    while not tall and split < MMA_MAX_SPLIT and blocks * split * 2 <= MMA_PROGRAMS:
         split *= 2
-    return bn, 4 if qt == QT.Q4_K else MMA_Q6K_BLOCKS, MMA_WARPS, 3, split, 0
+    return bn, bb, warps, 3, split, ahead
 
 
 def q6k_evict_first(n: int) -> bool:

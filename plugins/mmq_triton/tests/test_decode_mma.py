@@ -124,8 +124,8 @@ def test_decode_picks_the_tensor_core_gemv_on_cuda(make_ctx, monkeypatch, qtype,
         assert check(y if res is None else y - res, act, w64, None) < TOL_I8, env
 
 
-#: q6_K MMA configs (tiles, blocks a step, warps)
-Q6_CONFIGS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 2, 2)]
+#: q6_K MMA configs (tiles, blocks a step, warps, lookahead)
+Q6_CONFIGS = [(1, 1, 4, 0), (2, 1, 4, 0), (1, 2, 4, 0), (1, 2, 2, 0), (1, 1, 4, 1), (2, 2, 4, 1), (1, 1, 8, 1)]
 
 
 @pytest.mark.parametrize("n,k,split,bias", [(21, 1280, 3, True), (40, 2816, 1, False), (3584, 18944, 4, False),
@@ -142,14 +142,14 @@ def test_q6k_mma_gemv_matches_gguf(n, k, split, bias):
     w = make_weight(QT.Q6_K, n, k, gen, bias=bias, device="cuda")
     w64 = oracle_dense(w.raw, QT.Q6_K).cuda() if n * k < 1e6 else dequantize(w.raw, QT.Q6_K, k).double()
     plane = decode.prepare(w)
-    for t, s, warps in Q6_CONFIGS:
+    for t, s, warps, ahead in Q6_CONFIGS:
         scratch = SplitScratch(n, mma_rows(t, warps), split)
         for m in (1, 3):
             x = torch.randn(m, k, generator=gen, device="cuda") * 2
             x[:, 5] = 30.0
-            y = gemv_q6k_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True)
+            y = gemv_q6k_mma(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead))
             err = check(y, x, w64, w.bias)
-            assert err < TOL_I8, f"{n}x{k} split {split} M={m} {(t, s, warps)}: {err:.2e}"
+            assert err < TOL_I8, f"{n}x{k} split {split} M={m} {(t, s, warps, ahead)}: {err:.2e}"
         if split > 1:
             assert int(scratch.get(3, "cuda")[1].abs().sum()) == 0
 

@@ -60,15 +60,49 @@ def _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1):
 
 
 @gluon.jit
+def _step_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word, x_valid,
+                sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT: gl.constexpr, EVEN: gl.constexpr):
+    """Everything step ``b0_`` (blocks ``b0_ .. b0_ + S - 1``, none at or past ``hi`` unless EVEN) reads:
+    ``ql`` / ``qh`` words of rows g and g + 8, the lane's x run, scale bytes, ``d``, x block scales and sums."""
+    if EVEN:
+        ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, eviction_policy=EVICT)
+        ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, eviction_policy=EVICT)
+        qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, eviction_policy=EVICT)
+        qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, eviction_policy=EVICT)
+        xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid, other=0)
+        scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
+        sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
+        dg = gl.load(d_ptr + sr_g * NB + b0_ + sb).to(gl.float32)
+        dh = gl.load(d_ptr + sr_h * NB + b0_ + sb).to(gl.float32)
+        xs = gl.load(xs_ptr + xblk + b0_ * 8)
+        x16 = gl.load(x16_ptr + x16i + b0_ * 16)
+    else:
+        bm7 = (b0_ + ab) < hi
+        bm6 = (b0_ + sb) < hi
+        ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
+        ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
+        qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
+        qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
+        xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid & bm7, other=0)
+        scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
+        sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
+        dg = gl.load(d_ptr + sr_g * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
+        dh = gl.load(d_ptr + sr_h * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
+        xs = gl.load(xs_ptr + xblk + b0_ * 8, mask=bm6, other=0.0)
+        x16 = gl.load(x16_ptr + x16i + b0_ * 16, mask=bm6, other=0.0)
+    return ql_g, ql_h, qh_g, qh_h, xv, scg, sch, dg, dh, xs, x16
+
+
+@gluon.jit
 def _gemv_q6k_mma_kernel(
     xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    PDL: gl.constexpr, EVICT: gl.constexpr = "", CLUSTER: gl.constexpr = False,
+    PDL: gl.constexpr, EVICT: gl.constexpr = "", CLUSTER: gl.constexpr = False, LOOKAHEAD: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks.
-    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``). CLUSTER: as in
-    ``q4_k.gemv_mma``."""
+    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``). CLUSTER and LOOKAHEAD:
+    as in ``q4_k.gemv_mma``."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -119,33 +153,20 @@ def _gemv_q6k_mma_kernel(
     enter(PDL)
     acc_g = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
+    if LOOKAHEAD:
+        cur = _step_loads(lo, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word,
+                          x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
     for b0_ in range(lo, hi, S):
-        if EVEN:
-            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, eviction_policy=EVICT)
-            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, eviction_policy=EVICT)
-            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, eviction_policy=EVICT)
-            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, eviction_policy=EVICT)
-            xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid, other=0)
-            scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
-            sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
-            dg = gl.load(d_ptr + sr_g * NB + b0_ + sb).to(gl.float32)
-            dh = gl.load(d_ptr + sr_h * NB + b0_ + sb).to(gl.float32)
-            xs = gl.load(xs_ptr + xblk + b0_ * 8)
-            x16 = gl.load(x16_ptr + x16i + b0_ * 16)
+        if LOOKAHEAD:  # the next step's loads go out before this step's arithmetic
+            b_next = b0_ + S
+            if EVEN:
+                b_next = gl.minimum(b_next, hi - S)  # the last step re-reads itself (in bounds)
+            nxt = _step_loads(b_next, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col,
+                              x_word, x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
         else:
-            bm7 = (b0_ + ab) < hi
-            bm6 = (b0_ + sb) < hi
-            ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
-            ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
-            qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
-            qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
-            xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid & bm7, other=0)
-            scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
-            sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
-            dg = gl.load(d_ptr + sr_g * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
-            dh = gl.load(d_ptr + sr_h * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
-            xs = gl.load(xs_ptr + xblk + b0_ * 8, mask=bm6, other=0.0)
-            x16 = gl.load(x16_ptr + x16i + b0_ * 16, mask=bm6, other=0.0)
+            cur = _step_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word,
+                              x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
+        ql_g, ql_h, qh_g, qh_h, xv, scg, sch, dg, dh, xs, x16 = cur
         b0 = gl.where(low_col, xv, 0)
         b1 = gl.where(low_col, 0, xv)
         sg_, sh_ = _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1)  # [.., 2]: (h, l) digit sums
@@ -155,6 +176,8 @@ def _gemv_q6k_mma_kernel(
         vh = gl.convert_layout(hh_, L6).to(gl.float32) + gl.convert_layout(lh_, L6).to(gl.float32) * (1.0 / 256.0)
         acc_g += (dg * scg) * (vg * xs - 32.0 * x16)
         acc_h += (dh * sch) * (vh * xs - 32.0 * x16)
+        if LOOKAHEAD:
+            cur = nxt
     y = gl.join(gl.sum(gl.sum(gl.sum(acc_g, axis=5), axis=4), axis=2),
                 gl.sum(gl.sum(gl.sum(acc_h, axis=5), axis=4), axis=2))  # [W, T, 8, 2]: rows g, g + 8
     LJ: gl.constexpr = gl.BlockedLayout([1, T, 1, 2], [1, 1, 8, 4], [W, 1, 1, 1], [3, 2, 1, 0])
@@ -167,11 +190,12 @@ def _gemv_q6k_mma_kernel(
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
                  pdl: bool = False, xq: tuple | None = None, evict_first: bool = False,
-                 cluster: bool = False) -> torch.Tensor:
+                 cluster: bool = False, lookahead: bool = False) -> torch.Tensor:
     """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
     ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step;
     ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then); ``evict_first``: the quant words
-    leave L1 first (``tiles.q6k_evict_first``); ``cluster``: as in ``q4_k.gemv_mma.gemv_q4p_mma``."""
+    leave L1 first (``tiles.q6k_evict_first``); ``cluster`` and ``lookahead``: as in
+    ``q4_k.gemv_mma.gemv_q4p_mma``."""
     n, nb = data.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -181,7 +205,7 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
     args = (xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
             n, nb, y.stride(0), sbm, scratch.n_blocks)
     kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
-              EVICT="evict_first" if evict_first else "", num_warps=num_warps,
+              EVICT="evict_first" if evict_first else "", LOOKAHEAD=lookahead, num_warps=num_warps,
               **({"launch_pdl": True} if pdl else {}))
     launch_split(_gemv_q6k_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return y
