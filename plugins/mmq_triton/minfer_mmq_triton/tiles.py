@@ -55,9 +55,10 @@ MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
 #: down; split as q4_K) and from it (the output head, no split). Before the clusters, two tiles and two
 #: blocks on 4 warps won below MMA_TALL (7B tg128, H200, one call: 453.7 against 446.8 at one tile, 443.4
 #: at one tile and one block; 1,280 programs with 16 splits 425.7, 320 programs 442.5; one tile, one block,
-#: 8 warps and the step ahead no faster); under clusters one tile, one block, 8 warps and the step ahead
-#: (and the output head one block and the step ahead, where it took two blocks) win: 493.97 / 493.97 ->
-#: 505.95 / 505.96 (the output head alone 498.53 / 498.65; both trees alternating, one call).
+#: 8 warps and the step ahead no faster). Under clusters one tile on 4 warps (two blocks) lost, 487.7
+#: against 493.7, and one tile, one block, 8 warps and the step ahead (and the output head one block and
+#: the step ahead, where it took two blocks) win: 493.97 / 493.97 -> 505.95 / 505.96 (the output head
+#: alone 498.53 / 498.65; both trees alternating, one call); two blocks a step then 485.6 against 506.0.
 MMA_Q6K, MMA_TALL_Q6K = (1, 1, 8, 1), (1, 1, MMA_WARPS, 1)
 
 #: Split-K (``launch.split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays under
