@@ -2,7 +2,11 @@
 # alternating fresh processes, so that both see the same machine, clocks and history.
 #
 #   bash benchmarks/ab_trees.sh --save REV           # here (needs git): REV's packages into .carry/ab/REV
+#   bash benchmarks/ab_trees.sh --save-worktree NAME # the working tree's packages as they are, and this script
 #   bash benchmarks/ab_trees.sh .carry/ab/REV ROUNDS -- -m /tmp/7b.gguf -p 0 -n 128 -d 0,4096 -r 3
+#   bash .carry/ab/NAME/benchmarks/ab_trees.sh .carry/ab/REV ROUNDS -- ...   # NAME as the new side
+#
+# (--save-worktree keeps several uncommitted variants side by side for one call: edit, save, edit again.)
 #
 # The second form runs on the GPU machine after `source benchmarks/gpu_setup.sh` (carry `.carry`). Each
 # process runs outside the repo, so Python imports minfer_core from the tree on PYTHONPATH rather than from
@@ -14,6 +18,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$1" = --save ]; then
   dest="$ROOT/.carry/ab/$2"
   rm -rf "$dest" && mkdir -p "$dest" && git -C "$ROOT" archive "$2" $PKGS | tar -x -C "$dest" && echo "$dest"
+  exit $?
+fi
+if [ "$1" = --save-worktree ]; then
+  dest="$ROOT/.carry/ab/$2"
+  rm -rf "$dest" && mkdir -p "$dest/benchmarks" && (cd "$ROOT" && tar -c --exclude=__pycache__ $PKGS) |
+    tar -x -C "$dest" && cp "$0" "$dest/benchmarks/" && echo "$dest"
   exit $?
 fi
 base=$(cd "$1" && pwd); rounds=${2:-2}; shift 2; [ "$1" = -- ] && shift
