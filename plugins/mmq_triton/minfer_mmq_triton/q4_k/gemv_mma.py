@@ -25,7 +25,8 @@ in sub-block ``c // 2`` and ``16 + 4c ..`` in ``2 + c // 2``, so a lane holds on
 
 Same arithmetic as the dp4a kernels (exact integer sub-block sums, scaled in float32); the float
 summation order differs; the PDL entry (``launch.pdl.enter``) and the split-K store (``launch.split.store_rows``)
-are the Triton kernels' own. Gluon, CUDA only (compute capability 8.0+).
+are the Triton kernels' own, the latter through ``launch.cluster.store_split_rows`` (the splits of a row block
+reduced inside a cluster, on compute capability 9.0+). Gluon, CUDA only (compute capability 8.0+).
 """
 
 from __future__ import annotations

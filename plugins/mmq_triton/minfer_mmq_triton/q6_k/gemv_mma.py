@@ -13,7 +13,8 @@ at ``16 + 4c ..``, so the B columns and the accumulator read as for q4_K with ``
 
 Same arithmetic as the dp4a kernels (exact integer sub-block sums, scaled in float32); the float
 summation order differs; the PDL entry (``launch.pdl.enter``) and the split-K store (``launch.split.store_rows``)
-are the Triton kernels' own. Gluon, CUDA only (compute capability 8.0+).
+are the Triton kernels' own, the latter through ``launch.cluster.store_split_rows`` (the splits of a row block
+reduced inside a cluster, on compute capability 9.0+). Gluon, CUDA only (compute capability 8.0+).
 """
 
 from __future__ import annotations
