@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as QT
 
 from .errors import UserError
 from .gates import declared_gates, gate_values, resolve_gates
+from .loader import input_groups
 from .plan import PHASES, FuseChoice, Plan
 from .plugins import BUILTIN, PluginError, bad_return, call_each, project_plugins
 from .weights import Activation, Candidate, Gate, LoadContext, Weight
@@ -97,6 +98,7 @@ def build_plan(weights: list[Weight], ctx: LoadContext, pm, policy, backend: Opt
     if register:
         register_weights(weights, ask, plan.applicable)
     choose_matmuls(weights, ask, plan)
+    choose_groups(weights, ask, plan)
     plan.fuse = negotiate_fuse(weights, ask, plan, model, readers)
     choose_producers(ask, plan)
     plan.released_raw = release_raw(weights, plan)
@@ -134,6 +136,18 @@ def choose_matmuls(weights: list[Weight], ask: _Asker, plan: Plan) -> None:
         c = ask.pick("minfer_batch_matmul_candidates", "decode", what, required=False, weight=w)
         if c is not None:
             plan.batch[w.name] = c
+
+
+def choose_groups(weights: list[Weight], ask: _Asker, plan: Plan) -> None:
+    """One decode kernel for each group of weights sharing an input (``loader.input_groups``), where the
+    plugin that serves every member offers one (ranked like decode matmuls)."""
+    for group in input_groups(weights):
+        names = tuple(w.name for w in group)
+        owners = {plan.decode[n].plugin for n in names}
+        what = "decode " + " + ".join(names)
+        c = ask.pick("minfer_matmul_group_candidates", "decode", what, required=False, weights=group, phase="decode")
+        if c is not None and owners == {c.plugin}:
+            plan.decode_groups[names] = c
 
 
 def negotiate_fuse(weights: list[Weight], ask: _Asker, plan: Plan, model: Any, readers: Sequence[str]) -> FuseChoice:

@@ -89,6 +89,21 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 
 @hookspec
+def minfer_matmul_group_candidates(weights, phase, ctx):
+    """Offer one kernel for several weights that multiply the same input and that the loader could not
+    fuse into one weight (a layer's q|k and v where their quant types differ: ``loader.input_groups``).
+
+    ``weights``: the group in model order; ``phase``: ``"decode"`` (the only phase asked). A candidate's
+    ``fn(x (M, K) f32, norm=None) -> [y_0, y_1, ...]`` returns ``y_i = f(x) @ weights[i].T + bias_i``
+    float32 ``(M, N_i)`` (views of one buffer are fine), ``f`` the RMSNorm ``norm=(w, eps)``, which
+    the core passes only when ``fuses`` holds ``"rmsnorm"`` (else it normalizes ``x`` first). Ranked
+    by the policy's order for the phase; the core runs the group in place of the members' own kernels
+    only where its plugin is the plugin of every member's chosen kernel, so the policy and
+    ``--backend`` decide as they do for single weights. Return a list of Candidates or ``None``.
+    """
+
+
+@hookspec
 def minfer_batch_matmul_candidates(weight, ctx):
     """Offer kernels for the batched engine's ``y = [residual +] f(x) @ weight.T`` over all of a
     step's rows at generated positions (and the output head's rows) at once, any number of them

@@ -72,6 +72,19 @@ def _plan_weights(f: GGUFFile, cfg: ModelConfig):
     yield "output", "output", [out], [None]
 
 
+#: Roles of the weights that multiply a layer's attention input, and its ffn input, when not fused into one
+ATTN_INPUTS, FFN_INPUTS = ("qk", "q", "k", "v"), ("gate", "up")
+
+
+def input_groups(weights: list[Weight]) -> list[list[Weight]]:
+    """Per layer, the weights left unfused that multiply one input (e.g. ``qk`` and ``v``), in model order."""
+    groups: dict[tuple[str, bool], list[Weight]] = {}
+    for w in weights:
+        if w.name.startswith("blk.") and w.role in ATTN_INPUTS + FFN_INPUTS:
+            groups.setdefault((w.name.split(".")[1], w.role in ATTN_INPUTS), []).append(w)
+    return [g for g in groups.values() if len(g) > 1]
+
+
 def _to_tensor(e: TensorEntry, device: torch.device) -> torch.Tensor:
     arr = np.ascontiguousarray(e.data)
     if e.qtype == QT.F32:

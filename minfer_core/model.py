@@ -159,9 +159,15 @@ class Runtime:
         return y if residual is None else residual + y
 
     def decode_normed(self, names: list[str], h: torch.Tensor, norm: tuple, glu_out: bool = False) -> list:
-        """``x @ W.T`` of each weight for ``x = rmsnorm(h)``: fused into every kernel when all of
+        """``x @ W.T`` of each weight for ``x = rmsnorm(h)``: by the group's one kernel where the plan
+        has one for these weights (``plan.decode_groups``); else fused into every kernel when all of
         them can, else one RMSNorm launch shared by all. ``glu_out``: as :meth:`decode_linear`
         (asked of a single fused ``[gate | up]`` weight only)."""
+        group = self.plan.decode_groups.get(tuple(names))
+        if group is not None:
+            if "rmsnorm" in group.fuses:
+                return list(self._run(group, h, norm=norm))
+            return list(self._run(group, self._run(self.dec_rmsnorm, h, *norm)))
         glu_out = glu_out and len(names) == 1
         if all("rmsnorm" in self.plan.decode[n].fuses for n in names):
             return [self.decode_linear(n, h, norm=norm, glu_out=glu_out) for n in names]

@@ -31,6 +31,7 @@ class Plan:
     prefill: dict[str, Candidate] = field(default_factory=dict)
     decode: dict[str, Candidate] = field(default_factory=dict)
     batch: dict[str, Candidate] = field(default_factory=dict)  # row-invariant kernels of the batched step, if any
+    decode_groups: dict[tuple[str, ...], Candidate] = field(default_factory=dict)  # weights sharing an input, one kernel
     producers: dict[str, Candidate] = field(default_factory=dict)  # 'rmsnorm', 'swiglu' (mode > 0), 'prepass'
     attention: dict[str, Candidate] = field(default_factory=dict)  # 'prefill', 'decode', 'paged_decode'
     decode_ops: dict[str, Candidate] = field(default_factory=dict)  # 'decode_rmsnorm', 'decode_rope_kv', 'argmax', 'embed'
@@ -75,6 +76,10 @@ class Plan:
             rows = Counter((*self.tensors[n], c.label, c.plugin) for n, c in table.items())
             out[phase] = [{"class": k[0], "qtype": k[1], "label": k[2], "plugin": k[3], "tensors": n}
                           for k, n in sorted(rows.items())]
+        groups = Counter((" + ".join(self.tensors[n][0] for n in names), c.label, c.plugin)
+                         for names, c in self.decode_groups.items())
+        out["decode_groups"] = [{"classes": k[0], "label": k[1], "plugin": k[2], "groups": n}
+                                for k, n in sorted(groups.items())]
         out["producers"] = {k: c.label for k, c in self.producers.items()}
         out["attention"] = {k: c.label for k, c in self.attention.items()}
         out["decode_ops"] = {k: c.label for k, c in self.decode_ops.items()}

@@ -691,3 +691,58 @@ def test_trace_prints_hook_calls_and_winners(policy, mixed_model, capsys):
     assert "prefill blk.0.attn_qk (Q5_0 384x256): mmq_triton:mmq.generic.q5_0 > f16_wmma:f16.gemm > " \
            "reference:ref.q5_0  => mmq.generic.q5_0" in err
     assert "fuse mode 1 (mode 2 degraded to 1: blk.0.attn_qk is Q5_0" in err
+
+
+# -- groups: weights sharing an input, one kernel ------------------------------------------------
+
+
+class MmqGroupStandIn(MmqStandIn):
+    """The stand-in mmq_triton that also offers one decode kernel for weights sharing an input."""
+
+    @hookimpl
+    def minfer_matmul_group_candidates(self, weights, phase, ctx):
+        fns = [_ref_fn(w) for w in weights]
+
+        def fn(x, norm=None):
+            x = x if norm is None else x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm[1]) * norm[0]
+            return [f(x) for f in fns]
+
+        return [Candidate(self.NAME, "mmq.group", fn, fuses=("rmsnorm",))] if phase == "decode" else None
+
+
+def test_input_groups_are_the_unfused_weights_of_one_input(plane_model, tmp_path):
+    """q|k and v (types differ) form a group per layer; a layer whose q, k and v fuse into one has none."""
+    from minfer_core.loader import input_groups
+
+    groups = [[w.name for w in g] for g in input_groups(table_weights(plane_model))]
+    assert groups == [["blk.0.attn_qk", "blk.0.attn_v"], ["blk.1.attn_qk", "blk.1.attn_v"]]
+    assert input_groups(table_weights(write_tiny_model(tmp_path / "u.gguf", {"attn_v": QT.Q4_K}))) == []
+
+
+def test_a_group_kernel_replaces_its_members_in_decode(policy, plane_model):
+    """The group's one call gives what its members give one by one (oracle: rmsnorm, then each weight
+    dequantized by the reference), and runs instead of them."""
+    ws = loaded_weights(plane_model)
+    plan = build_plan(ws, gpu_ctx(policy), manager(F16StandIn(), MmqGroupStandIn()), policy)
+    names = ("blk.0.attn_qk", "blk.0.attn_v")
+    assert set(plan.decode_groups) == {names, ("blk.1.attn_qk", "blk.1.attn_v")}
+    assert plan.labels_by_class()["decode_groups"] == [
+        {"classes": "qk + v", "label": "mmq.group", "plugin": "mmq_triton", "groups": 2}]
+    rt = Runtime(plan, {w.name: w for w in ws})
+    h, nw = torch.randn(1, 256), torch.rand(256) + 0.5
+    ys = rt.decode_normed(list(names), h, (nw, 1e-6))
+    x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw
+    byname = {w.name: w for w in ws}
+    for y, n in zip(ys, names):
+        torch.testing.assert_close(y, x @ dense(byname[n]).T + byname[n].bias)
+    assert rt.counts["mmq.group"] == 1 and not any(label.startswith("mmq.gemv") for label in rt.counts)
+
+
+def test_a_group_kernel_runs_only_where_its_plugin_serves_every_member(policy, plane_model, tmp_path):
+    """The policy still decides: a decode order placing another plugin first, or --backend, keeps the
+    members on their own kernels."""
+    ws = table_weights(plane_model)
+    f16_first = with_order(policy, tmp_path, decode=["f16_wmma", "mmq_triton"])
+    for pol, backend in ((f16_first, None), (policy, "reference")):
+        plan = build_plan(ws, gpu_ctx(pol), manager(F16StandIn(), MmqGroupStandIn()), pol, backend, register=False)
+        assert plan.decode_groups == {} and plan.decode["blk.0.attn_v"].plugin != "mmq_triton"

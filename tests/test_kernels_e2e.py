@@ -19,6 +19,8 @@ from minfer_core.synth import synthesize, tiny_layout, write_layout  # noqa: E40
 MIXES = {
     # the 7B's mix: q4_K everywhere, q6_K for ffn_down and the output head -> fuse mode 2
     "plane_only": {"ffn_down": QT.Q6_K, "output": QT.Q6_K},
+    # the 7B's other layers: v q6_K beside q and k q4_K (one weight qk; with v one decode launch on the GPU)
+    "v_q6k": {"attn_v": QT.Q6_K, "ffn_down": QT.Q6_K, "output": QT.Q6_K},
     # the 0.5B's mix: Q5_0/Q8_0 beside q4_K/q6_K -> mode 2 degrades to 1
     "mixed": {"attn_q": QT.Q5_0, "attn_k": QT.Q5_0, "attn_v": QT.Q8_0, "ffn_down": QT.Q6_K, "output": QT.Q8_0},
 }
@@ -37,7 +39,8 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("mix,mode", [("plane_only", 2), ("mixed", 1)])
+@pytest.mark.parametrize("mix,mode", [("plane_only", 2), ("mixed", 1),
+                                      pytest.param("v_q6k", 2, marks=pytest.mark.cuda)])  # its pair: GPU
 def test_mmq_model_matches_reference(tmp_path, mix, mode):
     path = tiny_model(tmp_path, mix)
     ref = Engine.load(path, backend="reference", device=device(), n_ctx=128, progress=False)

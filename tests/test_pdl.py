@@ -37,7 +37,7 @@ HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 
 
 @HOPPER
-@pytest.mark.parametrize("mix", ["plane_only", "mixed"])
+@pytest.mark.parametrize("mix", ["plane_only", "mixed", "v_q6k"])
 @pytest.mark.parametrize("graphs", [True, False])
 def test_pdl_leaves_logits_bitwise_equal(tmp_path, mix, graphs):
     path = tiny_model(tmp_path, mix)
@@ -45,6 +45,8 @@ def test_pdl_leaves_logits_bitwise_equal(tmp_path, mix, graphs):
     on, e_on = _stream(path, "MINFER_PDL=1" + extra)
     off, e_off = _stream(path, "MINFER_PDL=0" + extra)
     assert e_on.plan.attention["decode"].fn.pdl and not e_off.plan.attention["decode"].fn.pdl  # the switch took
+    if mix == "v_q6k":  # q|k and v in one launch: inside clusters under PDL, through the split scratch without
+        assert all(len(e.plan.decode_groups) == 2 for e in (e_on, e_off))
     for e in (e_on, e_off):  # the step really is (or is not) a replayed graph
         assert (e.plan.decode_step is not None) == graphs
         if graphs:

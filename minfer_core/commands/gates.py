@@ -141,6 +141,9 @@ def render(r: dict) -> str:
             lines.append(f"  {phase} kernels:")
             lines += [f"    {row['class']:<10} {row['qtype']:<5} x{row['tensors']:<4} {row['label']}  ({row['plugin']})"
                       for row in k[phase]]
+            if phase == "decode":
+                lines += [f"    {g['classes']:<10} x{g['groups']:<4} {g['label']}  ({g['plugin']}, one launch a group)"
+                          for g in k["decode_groups"]]
         lines.append("  producers: " + (", ".join(f"{a} {b}" for a, b in k["producers"].items()) or "plain"))
         lines.append("  attention: " + ", ".join(f"{a} {b}" for a, b in k["attention"].items()))
         lines.append(f"  decode step: {k['decode_step'] or 'plain (not wrapped)'}")

@@ -54,7 +54,7 @@ from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
 from .ops.quant_x import FORM, GLU_FORM
 from .q6_k.plane import pack_q6k
-from .tiles import decode_config, glu_fits, q6k_evict_first
+from .tiles import PAIR_Q6K, decode_config, glu_fits, mma_config, q6k_evict_first
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15
@@ -263,3 +263,46 @@ def decode_candidates(weight: Weight, ctx) -> list[Candidate]:
     fn = make_gemv(qt, prepare(weight), weight.bias, weight.n_out, weight.n_in, config, role=weight.role,
                    pdl=pdl, cluster=pdl)  # clusters: compute capability 9.0+, as PDL, and off with it
     return [Candidate(PLUGIN, label, fn, fuses=fused, reads=fn.reads, reads_raw=raw)]
+
+
+def group_candidates(weights: list[Weight], ctx) -> list[Candidate]:
+    """One tensor-core launch for a q4_K and a q6_K weight of the same width (``pair_mma``: a Q4_K_M
+    layer's q|k and v), RMSNorm fused: ``fn(x, norm=None) -> [y4, y6]`` (views of one buffer)."""
+    if len(weights) != 2 or not mma_enabled(ctx):
+        return []
+    w4, w6 = weights
+    try:
+        types = (QT(w4.qtype), QT(w6.qtype))
+    except ValueError:
+        return []
+    k = w4.n_in
+    if types != (QT.Q4_K, QT.Q6_K) or w6.n_in != k or k % 256:
+        return []
+    bn, spans, warps, _, split, ahead = mma_config(QT.Q4_K, w4.n_out, k)
+    t6, blocks6, ahead6 = PAIR_Q6K
+    if bn != 16 * t6 * warps:
+        return []
+    pdl = pdl_enabled(ctx)
+    state: dict = {}
+    if all(w.raw is not None for w in weights):  # the planes now, as for the members' own candidates
+        state["planes"] = [prepare(w) for w in weights]
+
+    def fn(x: torch.Tensor, norm: Optional[tuple] = None) -> list[torch.Tensor]:
+        from .launch.split import SplitScratch
+        from .pair_mma import gemv_pair_mma  # Gluon: CUDA only
+
+        if "planes" not in state:  # planned without the bytes: the members' candidates built the planes since
+            if any(w.raw is None and planes.KEY_DECODE not in w.planes and planes.KEY_Q4K not in w.planes
+                   for w in weights):
+                raise RuntimeError(f"mmq.gemv_pair: {w4.name} / {w6.name} have neither raw blocks nor planes")
+            state["planes"] = [prepare(w) for w in weights]
+        if "scratch" not in state:
+            state["scratch"] = [SplitScratch(w.n_out, bn, 1 if pdl else split) for w in weights]
+        if x.dtype != torch.float32 or x.stride(-1) != 1:
+            x = x.float().contiguous()
+        (p4, p6), (s4, s6) = state["planes"], state["scratch"]
+        y = gemv_pair_mma(x, p4, w4.bias, p6, w6.bias, (bn // (16 * warps), spans, ahead), (t6, blocks6, ahead6),
+                          warps, split, s4, s6, norm, pdl, evict6=q6k_evict_first(w6.n_out), cluster=pdl)
+        return [y[:, :w4.n_out], y[:, w4.n_out:]]
+
+    return [Candidate(PLUGIN, "mmq.gemv_pair.q4_k+q6_k", fn, fuses=("rmsnorm",))]

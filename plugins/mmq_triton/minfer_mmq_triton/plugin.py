@@ -78,6 +78,12 @@ def minfer_matmul_candidates(weight, phase, ctx):
 
 
 @hookimpl
+def minfer_matmul_group_candidates(weights, phase, ctx):
+    decode = _optional("decode") if phase == "decode" else None
+    return None if decode is None else decode.group_candidates(weights, ctx)
+
+
+@hookimpl
 def minfer_batch_matmul_candidates(weight, ctx):
     batch = _optional("batch")
     return None if batch is None else batch.batch_candidates(weight, ctx)

@@ -60,6 +60,11 @@ MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
 #: the step ahead, where it took two blocks) win: 493.97 / 493.97 -> 505.95 / 505.96 (the output head
 #: alone 498.53 / 498.65; both trees alternating, one call); two blocks a step then 485.6 against 506.0.
 MMA_Q6K, MMA_TALL_Q6K = (1, 1, 8, 1), (1, 1, MMA_WARPS, 1)
+#: The q6_K part of a q4_K + q6_K pair launch (``pair_mma``; a Q4_K_M layer's v beside q|k): ``(16-row tiles
+#: a warp, blocks a step, LOOKAHEAD)`` on the q4_K part's warps and split. Compiled for sm_90 (triton 3.6)
+#: the pair kernel at the 7B's shapes holds 84 registers a thread so (q|k's own kernel 72), 134 with the
+#: step ahead and 140 at two blocks a step, which would leave its 504 programs more than one round.
+PAIR_Q6K = (1, 1, 0)
 
 #: Split-K (``launch.split``) for grids of fewer than SPLIT_BELOW programs, while the grid stays under
 #: TARGET_PROGRAMS and each split keeps MIN_STEPS steps (MIN_STEPS_TINY under 2 MiB, where latency
@@ -322,7 +327,7 @@ def auto_split(n: int, nb: int, bn: int, bb: int, nbytes: int = 0) -> int:
     return split
 
 
-def mma_config(qt, n: int) -> tuple[int, ...]:
+def mma_config(qt, n: int, k: int = 0) -> tuple[int, ...]:
     """MODE 3's ``(BN, BB, num_warps, 3, SPLIT, LOOKAHEAD)`` for a q4_K (BB: spans) or q6_K (BB:
     blocks) weight of ``n`` rows."""
     tall = n >= MMA_TALL
@@ -334,6 +339,9 @@ def mma_config(qt, n: int) -> tuple[int, ...]:
     split, blocks = 1, -(-n // bn)
     while not tall and split < MMA_MAX_SPLIT and blocks * split * 2 <= MMA_PROGRAMS:
         split *= 2
+    if k:  # only the splits that get a step: 7 of 8 where a split is one step of 7
+        steps = -(-(k // (256 if qt == QT.Q6_K else 128)) // bb)
+        split = -(-steps // -(-steps // split))
     return bn, bb, warps, 3, split, ahead
 
 
@@ -378,7 +386,7 @@ def decode_config(qtype, n: int, k: int, role: str = "", mma: bool = False) -> t
         nb = k // (128 if qt == QT.Q4_K else 256)
         if qt in INT8 and (nbytes >= (INT8_MIN_BYTES_MMA if mma else INT8_MIN_BYTES) or role in INT8_NORM_ROLES):
             if mma:
-                return mma_config(qt, n)
+                return mma_config(qt, n, k)
             tile = "int8"
             if qt == QT.Q4_K and k >= LONG_K:
                 tile = "long"

@@ -19,9 +19,11 @@ def _hopper():
 
 
 #: (type, n, k, split, (tiles, steps a program's step, warps, lookahead), bias): 7B shapes at the split and
-#: tiling they run (``tiles.mma_config``; ``None``), the q6_K down at its earlier tiling too, and small ones
-#: whose last split is short (q4_K 10 spans over 4 splits of 4) or empty (14 spans, 8 splits of 2)
-CASES = [(QT.Q4_K, 3584, 3584, 8, None, False), (QT.Q4_K, 4608, 3584, 8, None, True),
+#: tiling they run (``tiles.mma_config``; ``None``), o at 8 splits (the last one empty) and the q6_K down at its
+#: earlier tiling too, and small ones whose last split is short (q4_K 10 spans over 4 splits of 4) or empty (14
+#: spans, 8 splits of 2)
+CASES = [(QT.Q4_K, 3584, 3584, 7, None, False), (QT.Q4_K, 4608, 3584, 7, None, True),
+         (QT.Q4_K, 3584, 3584, 8, (1, 4, 4, 0), False),
          (QT.Q4_K, 3584, 18944, 8, None, False), (QT.Q6_K, 3584, 18944, 8, None, False),
          (QT.Q6_K, 3584, 18944, 8, (2, 2, 4, 0), False), (QT.Q4_K, 200, 1280, 4, (1, 4, 4, 0), True),
          (QT.Q4_K, 70, 1792, 8, (1, 2, 4, 0), False), (QT.Q6_K, 150, 2560, 4, (1, 2, 4, 1), True)]
@@ -35,7 +37,7 @@ def _gemv(w, tiling, split):
     from minfer_mmq_triton.q6_k.gemv_mma import gemv_q6k_mma
 
     if tiling is None:  # what the model runs at this shape
-        bn, steps, warps, _, run_split, ahead = tiles.mma_config(w.qtype, w.n_out)
+        bn, steps, warps, _, run_split, ahead = tiles.mma_config(w.qtype, w.n_out, w.n_in)
         assert run_split == split
         tiling = (bn // (16 * warps), steps, warps, ahead)
     t, steps, warps, ahead = tiling
@@ -73,7 +75,7 @@ def test_cluster_split_gemv_matches_gguf_and_the_scratch_bit_for_bit(qtype, n, k
 def test_cluster_split_gemv_replays_in_a_cuda_graph():
     gen = torch.Generator(device="cuda").manual_seed(5)
     w = make_weight(QT.Q4_K, 3584, 3584, gen, device="cuda")
-    fn = _gemv(w, None, 8)
+    fn = _gemv(w, None, 7)
     x = torch.randn(1, 3584, generator=gen, device="cuda")
     want = fn(x, cluster=False).clone()
     graph = torch.cuda.CUDAGraph()

@@ -13,7 +13,7 @@ The partials live in ``EXTRA`` bytes of dynamic shared memory past what Triton a
 asks for them, and the kernel finds them from ``%dynamic_smem_size``. Triton compiles the kernel for
 one CTA (``program_id(0)`` is the CTA index), and its launcher, given a cluster size in the kernel's
 packed metadata, launches ``grid[0] * SPLIT`` CTAs in clusters of ``SPLIT`` along x: program
-``(pid, s)`` is CTA ``pid * SPLIT + s``, ``s`` its rank in the cluster (:func:`cluster_ids`).
+``(pid, s)`` is CTA ``pid * SPLIT + s``, ``s`` its rank in the cluster (:func:`split_ids`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,14 @@ def _smem_asm(extra, split):
 
 
 @gluon.jit
-def cluster_ids(SPLIT: gl.constexpr):
-    """``(pid, s)``: this program's row block and split (its rank in the cluster)."""
-    c = gl.program_id(0)
-    return c // SPLIT, c % SPLIT
+def split_ids(SPLIT: gl.constexpr, CLUSTER: gl.constexpr):
+    """``(pid, s)``: this program's row block and split: its rank in the cluster under CLUSTER, else
+    ``program_id(1)`` (grid ``(row blocks, SPLIT, M)``)."""
+    if CLUSTER:
+        c = gl.program_id(0)
+        return c // SPLIT, c % SPLIT
+    else:
+        return gl.program_id(0), gl.program_id(1)
 
 
 @gluon.jit

@@ -35,7 +35,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.cluster import cluster_ids, launch_split, store_split_rows
+from ..launch.cluster import launch_split, split_ids, store_split_rows
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
@@ -142,11 +142,27 @@ def _gemv_q4p_mma_kernel(
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
     LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False, CLUSTER: gl.constexpr = False,
 ):
-    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S spans.
+    """Grid (cdiv(N, 16 T num_warps), SPLIT, M), or with CLUSTER ``(cdiv(N, BN), 1, M)`` in clusters of
+    SPLIT (``launch.cluster``): one program of :func:`gemv_q4p_mma_program`."""
+    pid, s_id = split_ids(SPLIT, CLUSTER)
+    gemv_q4p_mma_program(pid, s_id, gl.program_id(2), xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr,
+                         bias_ptr, y_ptr, part_ptr, cnt_ptr, oh_ptr, ol_ptr, os_ptr, o16_ptr, N, NT, stride_ym,
+                         stride_bm, n_blocks, HAS_BIAS, EVEN, T, S, SPLIT, LOOKAHEAD, PDL, GLU, CLUSTER)
+
+
+@gluon.jit
+def gemv_q4p_mma_program(
+    pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    oh_ptr, ol_ptr, os_ptr, o16_ptr, N, NT, stride_ym, stride_bm, n_blocks,
+    HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr, CLUSTER: gl.constexpr,
+):
+    """Program ``(pid, s_id)`` (row block, split) for activation row ``xm``: a warp owns T tiles of 16
+    rows; a step is S spans.
     LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
     GLU (a ``[gate | up]`` weight, SPLIT 1, no bias): the program's tiles pair gate and up rows
     (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..).
-    CLUSTER: the SPLIT programs of a row block are a cluster (``launch.cluster``; grid ``(cdiv(N, BN), 1, M)``)."""
+    CLUSTER: the SPLIT programs of a row block are a cluster (``launch.cluster``)."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -155,13 +171,6 @@ def _gemv_q4p_mma_kernel(
     LH: gl.constexpr = gl.BlockedLayout([1, T, S, 1, 1, 2], [1, 1, 1, 8, 4, 1], [W, 1, 1, 1, 1, 1],
                                         [5, 4, 3, 2, 1, 0])
     LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, LH))  # [W, T, 8, 2]
-
-    if CLUSTER:
-        pid, s_id = cluster_ids(SPLIT)
-    else:
-        pid = gl.program_id(0)
-        s_id = gl.program_id(1)
-    xm = gl.program_id(2)
 
     # quant words: lane (g, c) reads words 4c .. 4c + 3 of rows g and g + 8 of each tile, S spans
     aw, at, asp = ax(W, 0, 6, L6), ax(T, 1, 6, L6), ax(S, 2, 6, L6)

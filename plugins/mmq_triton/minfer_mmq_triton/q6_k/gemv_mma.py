@@ -23,7 +23,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch.cluster import cluster_ids, launch_split, store_split_rows
+from ..launch.cluster import launch_split, split_ids, store_split_rows
 from ..launch.mma import ax
 from ..launch.pdl import enter
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
@@ -101,9 +101,24 @@ def _gemv_q6k_mma_kernel(
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
     PDL: gl.constexpr, EVICT: gl.constexpr = "", CLUSTER: gl.constexpr = False, LOOKAHEAD: gl.constexpr = False,
 ):
-    """Grid (cdiv(N, 16 T num_warps), SPLIT, M): a warp owns T tiles of 16 rows; a step is S blocks.
-    EVICT: the L1 eviction policy of the quant words (``tiles.q6k_evict_first``). CLUSTER and LOOKAHEAD:
-    as in ``q4_k.gemv_mma``."""
+    """Grid (cdiv(N, 16 T num_warps), SPLIT, M), or with CLUSTER ``(cdiv(N, BN), 1, M)`` in clusters of
+    SPLIT (``launch.cluster``): one program of :func:`gemv_q6k_mma_program`."""
+    pid, s_id = split_ids(SPLIT, CLUSTER)
+    gemv_q6k_mma_program(pid, s_id, gl.program_id(2), xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr,
+                         bias_ptr, y_ptr, part_ptr, cnt_ptr, N, NB, stride_ym, stride_bm, n_blocks, HAS_BIAS, EVEN,
+                         T, S, SPLIT, PDL, EVICT, CLUSTER, LOOKAHEAD)
+
+
+@gluon.jit
+def gemv_q6k_mma_program(
+    pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
+    N, NB, stride_ym, stride_bm, n_blocks,
+    HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
+    PDL: gl.constexpr, EVICT: gl.constexpr, CLUSTER: gl.constexpr, LOOKAHEAD: gl.constexpr,
+):
+    """Program ``(pid, s_id)`` (row block, split) for activation row ``xm``: a warp owns T tiles of 16
+    rows; a step is S blocks. EVICT: the L1 eviction policy of the quant words
+    (``tiles.q6k_evict_first``). CLUSTER and LOOKAHEAD: as in ``q4_k.gemv_mma``."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -111,13 +126,6 @@ def _gemv_q6k_mma_kernel(
                                         [6, 5, 4, 3, 2, 1, 0])
     L6: gl.constexpr = gl.SliceLayout(6, L7)  # [W, T, S, 8, 4, 4]
     LY: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L6)))  # [W, T, 8]
-
-    if CLUSTER:
-        pid, s_id = cluster_ids(SPLIT)
-    else:
-        pid = gl.program_id(0)
-        s_id = gl.program_id(1)
-    xm = gl.program_id(2)
 
     aw, at, ab = ax(W, 0, 7, L7), ax(T, 1, 7, L7), ax(S, 2, 7, L7)
     ag, ac, agr, am = ax(8, 3, 7, L7), ax(4, 4, 7, L7), ax(4, 5, 7, L7), ax(2, 6, 7, L7)
