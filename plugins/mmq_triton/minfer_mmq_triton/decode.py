@@ -33,6 +33,10 @@ cores instead (``q4_k.gemv_mma``, ``q6_k.gemv_mma``, MODE 3: same two-digit x, s
 sub-block sums); ``MINFER_DECODE_MMA=0`` keeps the dp4a kernels (A/B runs, debugging), read once
 per load like ``MINFER_PDL``.
 
+A q4_K and a q6_K weight over one input (a Q4_K_M layer's q|k and v, which the loader cannot fuse)
+run as one tensor-core launch, RMSNorm fused: ``group_candidates``, the plugin's answer to the hook
+``minfer_matmul_group_candidates`` (``pair_mma``).
+
 On compute capability 9.0+ the kernels launch with programmatic dependent launch (``launch.pdl``),
 decided once per load from the load context (``MINFER_PDL=0`` turns it off); it changes when a
 kernel starts, never what it computes. Under it the split tensor-core GEMVs also reduce their splits
