@@ -177,6 +177,24 @@ def test_gates_model_on_cpu_shows_model_and_hardware(capsys, monkeypatch, qwen_p
     assert "  decode step: plain (not wrapped)\n" in text and "  batch step: plain (not wrapped)\n" in text
     assert m["kernels"]["batch"] == []  # mmq_triton's rows GEMM needs a GPU: the batched step tiles every weight
     assert "  batch kernels: none (the batched step runs every weight over row tiles)\n" in text
+    assert m["kernels"]["decode_groups"] == []  # q|k Q5_0 and v Q8_0: no plugin offers one launch for them
+
+
+def test_gates_text_lists_decode_groups_under_decode_kernels(capsys, monkeypatch):
+    """A group kernel (one launch for weights sharing an input) shows after the decode kernels."""
+    from minfer_core.commands.gates import render
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    _, out, _ = gates_cli(capsys, "-m", str(LAYOUT_7B), "--json")
+    report = json.loads(out)
+    report["model"]["kernels"]["decode_groups"] = [
+        {"classes": "qk + v", "label": "mmq.gemv_pair.q4_k+q6_k", "plugin": "mmq_triton", "groups": 14}]
+    lines = render(report).splitlines()
+    at = lines.index("  decode kernels:")
+    group = next(i for i, line in enumerate(lines) if "one launch a group" in line)
+    assert lines[group].split() == ["qk", "+", "v", "x14", "mmq.gemv_pair.q4_k+q6_k", "(mmq_triton,", "one",
+                                    "launch", "a", "group)"]
+    assert at < group < lines.index(next(line for line in lines if line.startswith("  producers:")))
 
 
 def test_gates_model_7b_layout_allows_mode_2(capsys, monkeypatch):
