@@ -180,12 +180,12 @@ def test_gates_model_on_cpu_shows_model_and_hardware(capsys, monkeypatch, qwen_p
     assert m["kernels"]["decode_groups"] == []  # q|k Q5_0 and v Q8_0: no plugin offers one launch for them
 
 
-def test_gates_text_lists_decode_groups_under_decode_kernels(capsys, monkeypatch):
+def test_gates_text_lists_decode_groups_under_decode_kernels(capsys, monkeypatch, tmp_path):
     """A group kernel (one launch for weights sharing an input) shows after the decode kernels."""
     from minfer_core.commands.gates import render
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    _, out, _ = gates_cli(capsys, "-m", str(LAYOUT_7B), "--json")
+    _, out, _ = gates_cli(capsys, "-m", str(write_tiny_model(tmp_path / "tiny.gguf")), "--json")
     report = json.loads(out)
     report["model"]["kernels"]["decode_groups"] = [
         {"classes": "qk + v", "label": "mmq.gemv_pair.q4_k+q6_k", "plugin": "mmq_triton", "groups": 14}]
