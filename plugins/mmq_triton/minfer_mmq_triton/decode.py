@@ -283,30 +283,29 @@ def group_candidates(weights: list[Weight], ctx) -> list[Candidate]:
     if types != (QT.Q4_K, QT.Q6_K) or w6.n_in != k or k % 256:
         return []
     bn, spans, warps, _, split, ahead = mma_config(QT.Q4_K, w4.n_out, k)
-    t6, blocks6, ahead6 = PAIR_Q6K
-    if bn != 16 * t6 * warps:
+    if bn != 16 * PAIR_Q6K[0] * warps:
         return []
+    from .launch.split import SplitScratch
+
     pdl = pdl_enabled(ctx)
-    state: dict = {}
-    if all(w.raw is not None for w in weights):  # the planes now, as for the members' own candidates
-        state["planes"] = [prepare(w) for w in weights]
+    scratch = [SplitScratch(w.n_out, bn, 1 if pdl else split) for w in weights]  # a cluster's splits need none
+    tiling4, evict6 = (bn // (16 * warps), spans, ahead), q6k_evict_first(w6.n_out)
+    # the planes now, as for the members' own candidates; planned without the bytes, at the first call
+    state = {"planes": [prepare(w) for w in weights]} if all(w.raw is not None for w in weights) else {}
 
     def fn(x: torch.Tensor, norm: Optional[tuple] = None) -> list[torch.Tensor]:
-        from .launch.split import SplitScratch
         from .pair_mma import gemv_pair_mma  # Gluon: CUDA only
 
-        if "planes" not in state:  # planned without the bytes: the members' candidates built the planes since
+        if "planes" not in state:
             if any(w.raw is None and planes.KEY_DECODE not in w.planes and planes.KEY_Q4K not in w.planes
                    for w in weights):
                 raise RuntimeError(f"mmq.gemv_pair: {w4.name} / {w6.name} have neither raw blocks nor planes")
             state["planes"] = [prepare(w) for w in weights]
-        if "scratch" not in state:
-            state["scratch"] = [SplitScratch(w.n_out, bn, 1 if pdl else split) for w in weights]
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.float().contiguous()
-        (p4, p6), (s4, s6) = state["planes"], state["scratch"]
-        y = gemv_pair_mma(x, p4, w4.bias, p6, w6.bias, (bn // (16 * warps), spans, ahead), (t6, blocks6, ahead6),
-                          warps, split, s4, s6, norm, pdl, evict6=q6k_evict_first(w6.n_out), cluster=pdl)
+        p4, p6 = state["planes"]
+        y = gemv_pair_mma(x, p4, w4.bias, p6, w6.bias, tiling4, PAIR_Q6K, warps, split, *scratch, norm, pdl,
+                          evict6=evict6, cluster=pdl)
         return [y[:, :w4.n_out], y[:, w4.n_out:]]
 
     return [Candidate(PLUGIN, "mmq.gemv_pair.q4_k+q6_k", fn, fuses=("rmsnorm",))]
