@@ -4,8 +4,8 @@
 Apart, such a layer ran four launches where a layer of one type runs two (the quantizer applying the
 RMSNorm, the qkv GEMV): an RMSNorm, the quantizer, q|k's tensor-core GEMV and v's float GEMV (v's
 1.5 MB is under ``tiles.INT8_MIN_BYTES_MMA``, where its own tensor-core launch lost). Here x is
-quantized once, with the norm, and one grid runs both GEMVs: its first row blocks are q4_K programs
-(``q4_k.gemv_mma.gemv_q4p_mma_program``), the rest q6_K programs (``q6_k.gemv_mma.gemv_q6k_mma_program``),
+quantized once, with the norm, and one grid runs both GEMVs: its first row blocks are q6_K programs
+(``q6_k.gemv_mma.gemv_q6k_mma_program``), the rest q4_K programs (``q4_k.gemv_mma.gemv_q4p_mma_program``),
 both on ``num_warps`` warps and the same split (a cluster's programs take the same branch). Each part
 computes what its own kernel computes at the same tiling, bit for bit. Gluon, CUDA only (compute
 capability 8.0+; clusters 9.0+).
@@ -34,19 +34,19 @@ def _gemv_pair_kernel(
     HAS_BIAS6: gl.constexpr, EVEN6: gl.constexpr, T6: gl.constexpr, S6: gl.constexpr, AHEAD6: gl.constexpr,
     EVICT6: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr, CLUSTER: gl.constexpr = False,
 ):
-    """Grid ``(blocks4 + blocks6, SPLIT, M)`` (or clusters of SPLIT, ``launch.cluster``): row blocks
-    below ``blocks4`` write columns ``[0, N4)`` of ``y`` from the q4_K weight, the others ``[N4, N4 + N6)``
-    from the q6_K one."""
+    """Grid ``(blocks6 + blocks4, SPLIT, M)`` (or clusters of SPLIT, ``launch.cluster``): the first ``blocks6``
+    row blocks write columns ``[N4, N4 + N6)`` of ``y`` from the q6_K weight, the others ``[0, N4)`` from the
+    q4_K one. The q6_K programs (two dependent loads a step) go first, so they do not finish last."""
     pid, s_id = split_ids(SPLIT, CLUSTER)
     xm = gl.program_id(2)
-    if pid < blocks4:
-        gemv_q4p_mma_program(pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias4_ptr,
-                             y_ptr, part4_ptr, cnt4_ptr, y_ptr, y_ptr, y_ptr, y_ptr, N4, NT, stride_ym, 0, blocks4,
-                             HAS_BIAS4, EVEN4, T4, S4, SPLIT, AHEAD4, PDL, False, CLUSTER)
-    else:
-        gemv_q6k_mma_program(pid - blocks4, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr,
+    if pid < blocks6:
+        gemv_q6k_mma_program(pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr,
                              bias6_ptr, y_ptr + N4, part6_ptr, cnt6_ptr, N6, NB, stride_ym, 0, blocks6, HAS_BIAS6,
                              EVEN6, T6, S6, SPLIT, PDL, EVICT6, CLUSTER, AHEAD6)
+    else:
+        gemv_q4p_mma_program(pid - blocks6, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr,
+                             bias4_ptr, y_ptr, part4_ptr, cnt4_ptr, y_ptr, y_ptr, y_ptr, y_ptr, N4, NT, stride_ym, 0,
+                             blocks4, HAS_BIAS4, EVEN4, T4, S4, SPLIT, AHEAD4, PDL, False, CLUSTER)
 
 
 def gemv_pair_mma(x: torch.Tensor, q4: Q4KPlane, bias4, q6, bias6, tiling4: tuple[int, int, int],
