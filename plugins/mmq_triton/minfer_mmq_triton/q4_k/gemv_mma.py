@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 
 from ..launch.cluster import launch_split, split_ids, store_split_rows
 from ..launch.mma import ax
-from ..launch.pdl import enter
+from ..launch.pdl import enter, release
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
 from ..ops.quant_x import as_words, form_buffers, quantize_x, two_digits
 from ..tiles import glu_fits
@@ -197,7 +197,7 @@ def gemv_q4p_mma_program(
     per = gl.cdiv(gl.cdiv(NT, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NT)
-    enter(PDL)
+    enter(PDL, False)  # the next kernel launches when the loop is done (launch.pdl)
     x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
     xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
     acc = gl.zeros([W, T, S, 8, 4, 2], gl.float32, layout=LH)
@@ -227,6 +227,7 @@ def gemv_q4p_mma_program(
         acc += (d * sc) * (v * (xs * hi_sub)) - (dmin * mn) * xa
         if LOOKAHEAD:
             cur = nxt
+    release(PDL)
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = _tile_row(ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY), pid, N, BN, W * T, GLU) + ax(8, 2, 4, LY) \
         + 8 * ax(2, 3, 4, LY)

@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 
 from ..launch.cluster import launch_split, split_ids, store_split_rows
 from ..launch.mma import ax
-from ..launch.pdl import enter
+from ..launch.pdl import enter, release
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
 from ..ops.quant_x import quantize_x
 from .plane import DECODE_BYTES, QH_AT, SC_AT
@@ -159,7 +159,7 @@ def gemv_q6k_mma_program(
     per = gl.cdiv(gl.cdiv(NB, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NB)
-    enter(PDL)
+    enter(PDL, False)  # the next kernel launches when the loop is done (launch.pdl)
     acc_g = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     if LOOKAHEAD:
@@ -187,6 +187,7 @@ def gemv_q6k_mma_program(
         acc_h += (dh * sch) * (vh * xs - 32.0 * x16)
         if LOOKAHEAD:
             cur = nxt
+    release(PDL)
     y = gl.join(gl.sum(gl.sum(gl.sum(acc_g, axis=5), axis=4), axis=2),
                 gl.sum(gl.sum(gl.sum(acc_h, axis=5), axis=4), axis=2))  # [W, T, 8, 2]: rows g, g + 8
     LJ: gl.constexpr = gl.BlockedLayout([1, T, 1, 2], [1, 1, 8, 4], [W, 1, 1, 1], [3, 2, 1, 0])
