@@ -59,7 +59,10 @@ MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
 #: against 493.7, and one tile, one block, 8 warps and the step ahead (and the output head one block and
 #: the step ahead, where it took two blocks) win: 493.97 / 493.97 -> 505.95 / 505.96 (the output head
 #: alone 498.53 / 498.65; both trees alternating, one call); two blocks a step then 485.6 against 506.0.
-MMA_Q6K, MMA_TALL_Q6K = (1, 1, 8, 1), (1, 1, MMA_WARPS, 1)
+#: Since the GEMVs let the next kernel launch only when their loop is done (``launch.pdl``), 4 warps (448
+#: programs of 64 rows in place of 224 of 128) win a little: 540.43 / 540.45 -> 541.77 / 541.22, at depth
+#: 4,096 498.32 / 500.03 -> 502.31 / 502.60 (one call, alternating).
+MMA_Q6K, MMA_TALL_Q6K = (1, 1, MMA_WARPS, 1), (1, 1, MMA_WARPS, 1)
 #: The q6_K part of a q4_K + q6_K pair launch (``pair_mma``; a Q4_K_M layer's v beside q|k): ``(16-row tiles
 #: a warp, blocks a step, LOOKAHEAD)`` on the q4_K part's warps and split. Compiled for sm_90 (triton 3.6)
 #: the pair kernel at the 7B's shapes holds 84 registers a thread so (q|k's own kernel 72), 134 with the
