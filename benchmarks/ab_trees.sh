@@ -4,6 +4,7 @@
 #   bash benchmarks/ab_trees.sh --save REV           # here (needs git): REV's packages into .carry/ab/REV
 #   bash benchmarks/ab_trees.sh --save-worktree NAME # the working tree's packages as they are, and this script
 #   bash benchmarks/ab_trees.sh .carry/ab/REV ROUNDS -- -m /tmp/7b.gguf -p 0 -n 128 -d 0,4096 -r 3
+#   bash benchmarks/ab_trees.sh .carry/ab/A,.carry/ab/B ROUNDS -- ...   # several saved trees, then the working tree
 #   bash .carry/ab/NAME/benchmarks/ab_trees.sh .carry/ab/REV ROUNDS -- ...   # NAME as the new side
 #
 # (--save-worktree keeps several uncommitted variants side by side for one call: edit, save, edit again.)
@@ -26,7 +27,8 @@ if [ "$1" = --save-worktree ]; then
     tar -x -C "$dest" && cp "$0" "$dest/benchmarks/" && echo "$dest"
   exit $?
 fi
-base=$(cd "$1" && pwd); rounds=${2:-2}; shift 2; [ "$1" = -- ] && shift
+bases=(); for b in ${1//,/ }; do bases+=("$(cd "$b" && pwd)"); done
+rounds=${2:-2}; shift 2; [ "$1" = -- ] && shift
 path_of() {  # the tree's packages ahead of everything else (the carried gguf wheel's /tmp/site stays)
   local t=$1
   echo "$t:$t/plugins/mmq_triton:$t/plugins/f16_wmma:$t/plugins/cuda_graphs${PYTHONPATH:+:$PYTHONPATH}"
@@ -36,12 +38,15 @@ run() {  # run SIDE TREE ROUND: one fresh process, its table rows on one line
     grep -E "^\| .* \| (pp|tg)" | sed 's/.*| \(pp\|tg\)/\1/' | tr '\n' ' ' | sed "s/^/$1 r$3: /"
   echo
 }
-for side in base new; do
-  tree=$base; [ $side = new ] && tree=$ROOT
+side_of() {  # a saved tree's label: "base" when it is the only one, else its folder's name
+  if [ ${#bases[@]} = 1 ]; then echo base; else basename "$1"; fi
+}
+for tree in "${bases[@]}" "$ROOT"; do
+  side=$(side_of "$tree"); [ "$tree" = "$ROOT" ] && side=new
   (cd /tmp && PYTHONPATH=$(path_of "$tree") python -c \
     "import minfer_core, minfer_mmq_triton; print('$side:', minfer_core.__file__, minfer_mmq_triton.__file__)")
 done
 for r in $(seq "$rounds"); do
-  run base "$base" "$r" "$@"
+  for tree in "${bases[@]}"; do run "$(side_of "$tree")" "$tree" "$r" "$@"; done
   run new "$ROOT" "$r" "$@"
 done
