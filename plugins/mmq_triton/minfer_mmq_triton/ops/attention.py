@@ -11,11 +11,9 @@ GEMV reads that instead of launching the quantizer.
 Pass 1, grid ``(Hkv, NSPLIT)``: program ``(g, s)`` takes the ``H / Hkv`` query heads sharing KV
 head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positions. The share is
 computed in the kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up to ``BLOCK_S``, so
-short and long contexts both spread over the splits, and a split past ``n_valid`` stores nothing.
-Up to ``NSPLIT * BLOCK_S`` valid positions a share is one tile, which each program requests together
-with ``n_valid`` (one round trip after the PDL wait; rows past ``n_valid`` never reach the output).
-It writes the unnormalized output, the running max and the sum of exponentials (base 2) per (head,
-split).
+short and long contexts both spread over the splits, and a split past ``n_valid`` loads and stores
+nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
+per (head, split).
 Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
 for a ``DC``-wide slice of the head dimension, and divides.
 
@@ -50,7 +48,7 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
-    n_rows, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
+    stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -58,51 +56,34 @@ def _attn_split_kernel(
     g = tl.program_id(0)
     s = tl.program_id(1)
     nv = tl.load(nv_ptr)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
+    lo = s * share
+    hi = tl.minimum(lo + share, nv)
     r = tl.arange(0, REP_P)
     dd = tl.arange(0, DP)
     dmask = dd < D
     heads = g * REP + r
-    rmask = r < REP
-    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-    # Up to NSPLIT * BLOCK_S valid positions a split's share is the one tile from s * BLOCK_S: it is
-    # requested beside n_valid rather than after it (rows clamped into the cache; those past n_valid
-    # are masked out of the scores and zeroed in V before they meet anything)
-    t0 = tl.arange(0, BLOCK_S)
-    t1 = tl.minimum(s * BLOCK_S + t0, n_rows - 1)
-    m1 = (t1 >= 0)[:, None] & dmask[None, :]
-    k1 = tl.load(k_ptr + t1[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=m1, other=0.0)
-    v1 = tl.load(v_ptr + t1[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=m1, other=0.0)
-    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
-    lo = s * share
-    hi = tl.minimum(lo + share, nv)
-    hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions stores nothing
+    hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
+    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
     q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
     m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([REP_P], dtype=tl.float32)
     acc = tl.zeros([REP_P, DP], dtype=tl.float32)
-    if share == BLOCK_S:
-        if lo < nv:
-            tmask = lo + t0 < hi
-            sc = tl.where(tmask[None, :], tl.dot(q, tl.trans(k1)), float("-inf"))
-            m_i = tl.max(sc, axis=1)
-            p = tl.exp2(sc - m_i[:, None])
-            l_i = tl.sum(p, axis=1)
-            acc = tl.dot(p.to(tl.float16), tl.where(tmask[:, None], v1, 0.0))
-    else:
-        for start in range(lo, hi, BLOCK_S):
-            t = start + t0
-            tmask = t < hi
-            kvmask = tmask[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-            sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
-            sc = tl.where(tmask[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-            m_i = m_new
+    t0 = tl.arange(0, BLOCK_S)
+    for start in range(lo, hi, BLOCK_S):
+        t = start + t0
+        tmask = t < hi
+        kvmask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
+        sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
+        sc = tl.where(tmask[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
     part = heads * NSPLIT + s
     tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
     tl.store(m_ptr + part, m_i, mask=hmask)
@@ -210,7 +191,7 @@ class SplitKVAttention:
         form = self.form and dc == 32 and d % 32 == 0
         xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
         _attn_split_kernel[(n_kv, nsplit)](
-            q, k_cache, v_cache, n_valid, o_part, m_part, l_part, k_cache.shape[0],
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
