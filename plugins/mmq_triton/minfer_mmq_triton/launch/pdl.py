@@ -7,10 +7,9 @@ still runs: GEMVs over small weights ask L2 for the first lines of their rows (r
 kernel of the step writes), every kernel then waits at ``griddepcontrol.wait`` until the previous
 kernel has finished and its writes are visible, and then lets the next kernel launch
 (``griddepcontrol.launch_dependents``). The tensor-core GEMVs let it launch only when their loop is
-done (``enter(PDL, False)`` ... :func:`release`): their successor's programs then take
-multiprocessors as the GEMV's leave rather than wait beside them for the whole call (7B tg128
-+0.9%, at depth 4,096 +0.6%; releasing at the very end, or the short kernels releasing late too,
-lost).
+done (``enter(PDL, False)`` ... :func:`release`), so their successor's programs are not launched
+beside them for the whole loop (7B tg128 +0.9%, at depth 4,096 +0.6%; why that is faster was not
+measured; releasing at the very end, one step earlier, or the short kernels releasing late too, lost).
 
 Rules every kernel launched this way keeps, so the chain stays ordered as without PDL:
 
