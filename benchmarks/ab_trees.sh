@@ -38,15 +38,14 @@ run() {  # run SIDE TREE ROUND: one fresh process, its table rows on one line
     grep -E "^\| .* \| (pp|tg)" | sed 's/.*| \(pp\|tg\)/\1/' | tr '\n' ' ' | sed "s/^/$1 r$3: /"
   echo
 }
-side_of() {  # a saved tree's label: "base" when it is the only one, else its folder's name
-  if [ ${#bases[@]} = 1 ]; then echo base; else basename "$1"; fi
+side_of() {  # a tree's label: "new" for the working tree, "base" for a lone saved tree, else its folder's name
+  if [ "$1" = "$ROOT" ]; then echo new; elif [ ${#bases[@]} = 1 ]; then echo base; else basename "$1"; fi
 }
 for tree in "${bases[@]}" "$ROOT"; do
-  side=$(side_of "$tree"); [ "$tree" = "$ROOT" ] && side=new
+  side=$(side_of "$tree")
   (cd /tmp && PYTHONPATH=$(path_of "$tree") python -c \
     "import minfer_core, minfer_mmq_triton; print('$side:', minfer_core.__file__, minfer_mmq_triton.__file__)")
 done
 for r in $(seq "$rounds"); do
-  for tree in "${bases[@]}"; do run "$(side_of "$tree")" "$tree" "$r" "$@"; done
-  run new "$ROOT" "$r" "$@"
+  for tree in "${bases[@]}" "$ROOT"; do run "$(side_of "$tree")" "$tree" "$r" "$@"; done
 done

@@ -61,8 +61,9 @@ MMA_WARPS, MMA_TALL, MMA_PROGRAMS, MMA_MAX_SPLIT = 4, 16384, 640, 8
 #: alone 498.53 / 498.65; both trees alternating, one call); two blocks a step then 485.6 against 506.0.
 #: Since the GEMVs let the next kernel launch only when their loop is done (``launch.pdl``), 4 warps (448
 #: programs of 64 rows in place of 224 of 128) win a little: 540.43 / 540.45 -> 541.77 / 541.22, at depth
-#: 4,096 498.32 / 500.03 -> 502.31 / 502.60 (one call, alternating).
-MMA_Q6K, MMA_TALL_Q6K = (1, 1, MMA_WARPS, 1), (1, 1, MMA_WARPS, 1)
+#: 4,096 498.32 / 500.03 -> 502.31 / 502.60 (one call, alternating), so the down and the output head now
+#: take the same tiling.
+MMA_Q6K = (1, 1, MMA_WARPS, 1)
 #: The q6_K part of a q4_K + q6_K pair launch (``pair_mma``; a Q4_K_M layer's v beside q|k): ``(16-row tiles
 #: a warp, blocks a step, LOOKAHEAD)`` on the q4_K part's warps and split. Compiled for sm_90 (triton 3.6)
 #: the pair kernel at the 7B's shapes holds 84 registers a thread so (q|k's own kernel 72), 134 with the
@@ -336,7 +337,7 @@ def mma_config(qt, n: int, k: int = 0) -> tuple[int, ...]:
     the 7B's o, qkv and q|k 7 of 8; H200, tg128 505.35 -> 509.74, one call, alternating)."""
     tall = n >= MMA_TALL
     if qt == QT.Q6_K:
-        tiles, bb, warps, ahead = MMA_TALL_Q6K if tall else MMA_Q6K
+        tiles, bb, warps, ahead = MMA_Q6K
     else:
         tiles, bb, warps, ahead = (1, 2, MMA_WARPS, 1) if tall else (1, 4, MMA_WARPS, 0)
     bn = 16 * tiles * warps
