@@ -33,6 +33,7 @@ def _gemv_pair_kernel(
     HAS_BIAS4: gl.constexpr, EVEN4: gl.constexpr, T4: gl.constexpr, S4: gl.constexpr, AHEAD4: gl.constexpr,
     HAS_BIAS6: gl.constexpr, EVEN6: gl.constexpr, T6: gl.constexpr, S6: gl.constexpr, AHEAD6: gl.constexpr,
     EVICT6: gl.constexpr, SPLIT: gl.constexpr, PDL: gl.constexpr, CLUSTER: gl.constexpr = False,
+    EARLY: gl.constexpr = False,
 ):
     """Grid ``(blocks6 + blocks4, SPLIT, M)`` (or clusters of SPLIT, ``launch.cluster``): the first ``blocks6``
     row blocks write columns ``[N4, N4 + N6)`` of ``y`` from the q6_K weight, the others ``[0, N4)`` from the
@@ -42,21 +43,22 @@ def _gemv_pair_kernel(
     if pid < blocks6:
         gemv_q6k_mma_program(pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr,
                              bias6_ptr, y_ptr + N4, part6_ptr, cnt6_ptr, N6, NB, stride_ym, 0, blocks6, HAS_BIAS6,
-                             EVEN6, T6, S6, SPLIT, PDL, EVICT6, CLUSTER, AHEAD6)
+                             EVEN6, T6, S6, SPLIT, PDL, EVICT6, CLUSTER, AHEAD6, EARLY)
     else:
         gemv_q4p_mma_program(pid - blocks6, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr,
                              bias4_ptr, y_ptr, part4_ptr, cnt4_ptr, y_ptr, y_ptr, y_ptr, y_ptr, N4, NT, stride_ym, 0,
-                             blocks4, HAS_BIAS4, EVEN4, T4, S4, SPLIT, AHEAD4, PDL, False, CLUSTER)
+                             blocks4, HAS_BIAS4, EVEN4, T4, S4, SPLIT, AHEAD4, PDL, False, CLUSTER, EARLY)
 
 
 def gemv_pair_mma(x: torch.Tensor, q4: Q4KPlane, bias4, q6, bias6, tiling4: tuple[int, int, int],
                   tiling6: tuple[int, int, int], num_warps: int, split: int, scratch4: SplitScratch,
                   scratch6: SplitScratch, norm=None, pdl: bool = False, evict6: bool = False,
-                  cluster: bool = False) -> torch.Tensor:
+                  cluster: bool = False, early: bool = False) -> torch.Tensor:
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N4 + N6)``: ``[x @ W4.T + b4 | x @ W6.T + b6]``, ``x``
     RMSNormed first under ``norm=(w, eps)``. ``tiling4`` / ``tiling6``: (16-row tiles a warp, spans or
     blocks a step, LOOKAHEAD) of each part, as their own kernels take them; ``scratch4`` / ``scratch6``:
-    each part's split scratch (unused under ``cluster``); ``evict6``: the q6_K quant words leave L1 first."""
+    each part's split scratch (unused under ``cluster``); ``evict6``: the q6_K quant words leave L1 first;
+    ``early``: each program's first step of weight words before the PDL wait."""
     n4, half_k = q4.qs.shape
     nt = half_k // 64
     n6, nb = q6.d.shape
@@ -75,7 +77,7 @@ def gemv_pair_mma(x: torch.Tensor, q4: Q4KPlane, bias4, q6, bias6, tiling4: tupl
             q6.w.view(torch.int32), q6.w.view(torch.int8), q6.d, b6, part6, cnt6, n6, nb, scratch6.n_blocks)
     kw = dict(HAS_BIAS4=has4, EVEN4=whole_steps(nt, s4, split), T4=t4, S4=s4, AHEAD4=bool(a4),
               HAS_BIAS6=has6, EVEN6=whole_steps(nb, s6, split), T6=t6, S6=s6, AHEAD6=bool(a6),
-              EVICT6="evict_first" if evict6 else "", SPLIT=split, PDL=pdl, num_warps=num_warps,
+              EVICT6="evict_first" if evict6 else "", SPLIT=split, PDL=pdl, EARLY=early and pdl, num_warps=num_warps,
               **({"launch_pdl": True} if pdl else {}))
     launch_split(_gemv_pair_kernel, scratch4.n_blocks + scratch6.n_blocks, split, m, 16 * t4 * num_warps, cluster,
                  *args, **kw)

@@ -350,6 +350,22 @@ def mma_config(qt, n: int, k: int = 0) -> tuple[int, ...]:
     return bn, bb, warps, 3, split, ahead
 
 
+#: The q4_K tensor-core GEMV over MMA_TALL rows or more (gate|up) compiles under a cap of MMA_TALL_REGS
+#: registers a thread. Left alone, ptxas gives it 78 and requests each step's quant words after the
+#: previous step's MMAs (compiled for sm_90, triton 3.6), so one step is in flight, not the two that
+#: LOOKAHEAD asks for; under 96 it requests them among those MMAs, and 96 still fits the 5 programs a
+#: multiprocessor that keep its 592 resident at once. 7B, H200, alternating, one call each: tg128 539.16 /
+#: 539.50 -> 542.37 / 542.77 (the cap alone), 545.12 / 544.68 -> 551.60 / 550.75 (beside the first step's
+#: weights before the PDL wait, ``decode.make_gemv``); a cap of 128 on o, qkv, q|k and the pair as well
+#: (every load ahead of the MMAs, 4 programs a multiprocessor) lost: 528.92 / 527.56.
+MMA_TALL_REGS = 96
+
+
+def mma_max_regs(qt, n: int) -> int | None:
+    """The register cap (``maxnreg``) of the tensor-core GEMV over an ``n``-row weight, None for none."""
+    return MMA_TALL_REGS if QT(qt) == QT.Q4_K and n >= MMA_TALL else None
+
+
 def q6k_evict_first(n: int) -> bool:
     """Whether the q6_K MMA GEMV over an ``n``-row weight loads its quant words ``L1::evict_first`` (the
     q4_K one always does): read once, they then leave L1 before x and the scale sectors that the next

@@ -59,6 +59,31 @@ def test_q4k_mma_gemv_matches_gguf(n, k, split, bias):
             assert int(fn.scratch.get(3, "cuda")[1].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("qtype,n,k,split", [(QT.Q4_K, 21, 1280, 3), (QT.Q4_K, 4608, 3584, 7),
+                                               (QT.Q4_K, 3584, 18944, 8), (QT.Q4_K, 37888, 3584, 1),
+                                               (QT.Q6_K, 21, 1280, 3), (QT.Q6_K, 3584, 18944, 8)], ids=str)
+def test_weight_words_loaded_before_the_pdl_wait_give_the_same_bits(qtype, n, k, split):
+    """``early`` (the first step's weight words requested before the PDL wait): the same bits as without,
+    with and without the step ahead, whole and partial steps, one step a split and several."""
+    from minfer_mmq_triton import decode
+    from minfer_mmq_triton.launch.mma import mma_rows
+    from minfer_mmq_triton.launch.split import SplitScratch
+    from minfer_mmq_triton.q4_k.gemv_mma import gemv_q4p_mma
+    from minfer_mmq_triton.q6_k.gemv_mma import gemv_q6k_mma
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k + split + 7)
+    w = make_weight(qtype, n, k, gen, bias=True, device="cuda")
+    plane = decode.prepare(w)
+    x = torch.randn(2, k, generator=gen, device="cuda") * 2
+    configs = [(1, 2, 4, 1), (1, 4, 4, 0)] if qtype == QT.Q4_K else [(1, 1, 4, 1), (1, 1, 4, 0)]
+    gemv = gemv_q4p_mma if qtype == QT.Q4_K else gemv_q6k_mma
+    for t, s, warps, ahead in configs:
+        scratch = SplitScratch(n, mma_rows(t, warps), split)
+        late, early = (gemv(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead), early=e)
+                       for e in (False, True))
+        assert torch.equal(early, late), (t, s, warps, ahead)
+
+
 def check_prologues(fn, w64, m, gen, tol=TOL_I8):
     """``fn``'s fused RMSNorm + residual and SwiGLU on ``m`` random rows against float64 (worst error
     over ``sum |x w|`` under ``tol``); the normed input ``h`` (M, K)."""

@@ -67,21 +67,16 @@ def _span_sums(qa, qb, b0, b1):
 
 
 @gluon.jit
-def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
-                asp, hsp, x_valid, x_run, xb_off, EVEN: gl.constexpr):
-    """Everything step ``t0`` (spans ``t0 .. t0 + S - 1``, none at or past ``hi`` unless EVEN) reads:
-    quant words of rows g / g + 8, scale words, x block scales and sums, the lane's x run. The quant
-    words, read once, leave L1 first (``evict_first``), so x and the scale sectors that the next step
-    reads again stay there (``tiles.q6k_evict_first``)."""
-    xb = xb_off + t0 * 4
+def _weight_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, qa_off, qb_off, sc_off, dm_off, asp, hsp, EVEN: gl.constexpr):
+    """The weight words step ``t0`` (spans ``t0 .. t0 + S - 1``, none at or past ``hi`` unless EVEN) reads:
+    quant words of rows g / g + 8 and scale words. The quant words, read once, leave L1 first
+    (``evict_first``), so x and the scale sectors that the next step reads again stay there
+    (``tiles.q6k_evict_first``). No kernel writes them: they may load before the PDL wait."""
     if EVEN:
         qa = gl.load(qw_ptr + qa_off + t0 * 16, eviction_policy="evict_first")
         qb = gl.load(qw_ptr + qb_off + t0 * 16, eviction_policy="evict_first")
         scw = gl.load(sc_ptr + sc_off + t0 * 2)
         dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2)
-        xs = gl.load(xs_ptr + xb)
-        xa = gl.load(x16_ptr + 2 * xb) + gl.load(x16_ptr + 2 * xb + 1)
-        xv = gl.load(x_src + t0 * 32 + x_run, mask=x_valid, other=0)
     else:
         tm6 = (t0 + asp) < hi
         tmh = (t0 + hsp) < hi
@@ -89,10 +84,51 @@ def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, 
         qb = gl.load(qw_ptr + qb_off + t0 * 16, mask=tm6, other=0, eviction_policy="evict_first")
         scw = gl.load(sc_ptr + sc_off + t0 * 2, mask=tmh, other=0)
         dmw = gl.load(dm_ptr + dm_off + (t0 + hsp) // 2, mask=tmh, other=0)
+    return qa, qb, scw, dmw
+
+
+@gluon.jit
+def _x_loads(t0, hi, xs_ptr, x16_ptr, x_src, asp, hsp, x_valid, x_run, xb_off, EVEN: gl.constexpr):
+    """What step ``t0`` reads of x: its block scales and sums, the lane's x run."""
+    xb = xb_off + t0 * 4
+    if EVEN:
+        xs = gl.load(xs_ptr + xb)
+        xa = gl.load(x16_ptr + 2 * xb) + gl.load(x16_ptr + 2 * xb + 1)
+        xv = gl.load(x_src + t0 * 32 + x_run, mask=x_valid, other=0)
+    else:
+        tm6 = (t0 + asp) < hi
+        tmh = (t0 + hsp) < hi
         xs = gl.load(xs_ptr + xb, mask=tmh, other=0.0)
         xa = gl.load(x16_ptr + 2 * xb, mask=tmh, other=0.0) + gl.load(x16_ptr + 2 * xb + 1, mask=tmh, other=0.0)
         xv = gl.load(x_src + t0 * 32 + x_run, mask=x_valid & tm6, other=0)
+    return xs, xa, xv
+
+
+@gluon.jit
+def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
+                asp, hsp, x_valid, x_run, xb_off, EVEN: gl.constexpr):
+    """Everything step ``t0`` reads (:func:`_weight_loads`, :func:`_x_loads`)."""
+    qa, qb, scw, dmw = _weight_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, qa_off, qb_off, sc_off, dm_off, asp, hsp, EVEN)
+    xs, xa, xv = _x_loads(t0, hi, xs_ptr, x16_ptr, x_src, asp, hsp, x_valid, x_run, xb_off, EVEN)
     return qa, qb, scw, dmw, xs, xa, xv
+
+
+@gluon.jit
+def _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH: gl.constexpr):
+    """``acc`` plus one step's scaled sub-block sums (the loads of :func:`_step_loads`)."""
+    W: gl.constexpr = gl.num_warps()
+    T: gl.constexpr = qa.shape[1]
+    S: gl.constexpr = qa.shape[2]
+    b0 = gl.where(low_col, xv, 0)
+    b1 = gl.where(low_col, 0, xv)
+    sums = _span_sums(qa, qb, b0, b1)  # [W, T, S, 8, 4, 4]: row g (h, l), row g + 8 (h, l)
+    h, l = gl.split(gl.reshape(sums, [W, T, S, 8, 4, 2, 2]))
+    v = gl.convert_layout(h, LH).to(gl.float32) + gl.convert_layout(l, LH).to(gl.float32) * (1.0 / 256.0)
+    d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    dmin = ((dmw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    sc = ((scw >> sc_shift) & 0xFF).to(gl.float32)
+    mn = ((scw >> (sc_shift + 8)) & 0xFF).to(gl.float32)
+    return acc + ((d * sc) * (v * (xs * hi_sub)) - (dmin * mn) * xa)
 
 
 @gluon.jit
@@ -141,13 +177,14 @@ def _gemv_q4p_mma_kernel(
     N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
     LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr = False, CLUSTER: gl.constexpr = False,
+    EARLY: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M), or with CLUSTER ``(cdiv(N, BN), 1, M)`` in clusters of
     SPLIT (``launch.cluster``): one program of :func:`gemv_q4p_mma_program`."""
     pid, s_id = split_ids(SPLIT, CLUSTER)
     gemv_q4p_mma_program(pid, s_id, gl.program_id(2), xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr,
                          bias_ptr, y_ptr, part_ptr, cnt_ptr, oh_ptr, ol_ptr, os_ptr, o16_ptr, N, NT, stride_ym,
-                         stride_bm, n_blocks, HAS_BIAS, EVEN, T, S, SPLIT, LOOKAHEAD, PDL, GLU, CLUSTER)
+                         stride_bm, n_blocks, HAS_BIAS, EVEN, T, S, SPLIT, LOOKAHEAD, PDL, GLU, CLUSTER, EARLY)
 
 
 @gluon.jit
@@ -155,14 +192,16 @@ def gemv_q4p_mma_program(
     pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, qw_ptr, sc_ptr, dm_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     oh_ptr, ol_ptr, os_ptr, o16_ptr, N, NT, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr, CLUSTER: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, PDL: gl.constexpr, GLU: gl.constexpr, CLUSTER: gl.constexpr, EARLY: gl.constexpr,
 ):
     """Program ``(pid, s_id)`` (row block, split) for activation row ``xm``: a warp owns T tiles of 16
     rows; a step is S spans.
     LOOKAHEAD: request step k + 1 before the arithmetic of step k (registers hold both).
     GLU (a ``[gate | up]`` weight, SPLIT 1, no bias): the program's tiles pair gate and up rows
     (:func:`_tile_row`) and it also writes ``silu(g) * u`` in ``quant_x.FORM`` (``oh_ptr`` ..).
-    CLUSTER: the SPLIT programs of a row block are a cluster (``launch.cluster``)."""
+    CLUSTER: the SPLIT programs of a row block are a cluster (``launch.cluster``).
+    EARLY: the first step's weight words load before the PDL wait (its x after it), so they are on their
+    way while the previous kernel ends; same bits."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, span, g, c, e]; e: word of the lane's 16-byte run (L6) or row half (LH)
@@ -197,36 +236,39 @@ def gemv_q4p_mma_program(
     per = gl.cdiv(gl.cdiv(NT, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NT)
+    if EARLY:  # the first step's weight words load before the wait (no kernel writes them)
+        w0 = _weight_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, qa_off, qb_off, sc_off, dm_off, asp, hsp, EVEN)
     enter(PDL, False)  # the next kernel launches when the loop is done (launch.pdl)
     x_src = gl.where(digit_h, xh_ptr, xl_ptr) + xm * (NT * 32)  # [1, 1, 1, 8, 1, 1] lane's x digit row
     xb_off = xm * (NT * 4) + hsp * 4 + hc  # [1, 1, S, 1, 4, 1]: x block of sub-block 4t + c, t = step + s
     acc = gl.zeros([W, T, S, 8, 4, 2], gl.float32, layout=LH)
+    if EARLY:
+        qa, qb, scw, dmw = w0
+        xs, xa, xv = _x_loads(lo, hi, xs_ptr, x16_ptr, x_src, asp, hsp, x_valid, x_run, xb_off, EVEN)
     if LOOKAHEAD:
-        cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
-                          asp, hsp, x_valid, x_run, xb_off, EVEN)
-    for t0 in range(lo, hi, S):
-        if LOOKAHEAD:  # the next step's loads go out before this step's arithmetic
+        if EARLY:
+            cur = (qa, qb, scw, dmw, xs, xa, xv)
+        else:
+            cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
+                              asp, hsp, x_valid, x_run, xb_off, EVEN)
+        for t0 in range(lo, hi, S):  # the next step's loads go out before this step's arithmetic
             t_next = t0 + S
             if EVEN:
                 t_next = gl.minimum(t_next, hi - S)  # the last step re-reads itself (in bounds)
             nxt = _step_loads(t_next, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
                               dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
-        else:
-            cur = _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
-                              dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
-        qa, qb, scw, dmw, xs, xa, xv = cur
-        b0 = gl.where(low_col, xv, 0)
-        b1 = gl.where(low_col, 0, xv)
-        sums = _span_sums(qa, qb, b0, b1)  # [W, T, S, 8, 4, 4]: row g (h, l), row g + 8 (h, l)
-        h, l = gl.split(gl.reshape(sums, [W, T, S, 8, 4, 2, 2]))
-        v = gl.convert_layout(h, LH).to(gl.float32) + gl.convert_layout(l, LH).to(gl.float32) * (1.0 / 256.0)
-        d = (dmw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        dmin = ((dmw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-        sc = ((scw >> sc_shift) & 0xFF).to(gl.float32)
-        mn = ((scw >> (sc_shift + 8)) & 0xFF).to(gl.float32)
-        acc += (d * sc) * (v * (xs * hi_sub)) - (dmin * mn) * xa
-        if LOOKAHEAD:
+            qa, qb, scw, dmw, xs, xa, xv = cur
+            acc = _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH)
             cur = nxt
+    else:
+        start = lo
+        if EARLY:  # the first step apart, from the words loaded before the wait
+            acc = _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH)
+            start = lo + S
+        for t0 in range(start, hi, S):
+            qa, qb, scw, dmw, xs, xa, xv = _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off,
+                                                       qb_off, sc_off, dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
+            acc = _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH)
     release(PDL)
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = _tile_row(ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY), pid, N, BN, W * T, GLU) + ax(8, 2, 4, LY) \
@@ -240,13 +282,14 @@ def gemv_q4p_mma_program(
 def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
                  pdl: bool = False, lookahead: bool = False, xq: tuple | None = None, glu: bool = False,
-                 cluster: bool = False):
+                 cluster: bool = False, early: bool = False, max_regs: int | None = None):
     """``x`` float32 ``(M, K)`` -> float32 ``(M, N)`` (the contract of ``q4_k.gemv.gemv_q4p`` with
     ``int8=True``); ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``xq``: x already in
     ``quant_x.FORM`` (as ``quantize_x`` returns it; no norm or SwiGLU then). ``glu`` (a ``[gate | up]``
     weight, :func:`glu_fits`; no bias, residual or split): returns ``(y, form)``, ``form`` being
     ``silu(g) * u`` of ``y``'s halves in ``quant_x.FORM``, written by the same kernel. ``cluster``: a split
-    row block runs as one cluster (``launch.cluster``; compute capability 9.0+)."""
+    row block runs as one cluster (``launch.cluster``; compute capability 9.0+). ``early``: the first step's
+    weight words before the PDL wait (with ``pdl``); ``max_regs``: ptxas's register cap (``tiles.mma_max_regs``)."""
     n, half_k = plane.qs.shape
     nt = half_k // 64
     m = x.shape[0]
@@ -262,7 +305,8 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
         form = (y, y, y, y)  # not written
     args = (xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form, n, nt, y.stride(0), sbm, scratch.n_blocks)
     kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split,
-              LOOKAHEAD=lookahead, PDL=pdl, GLU=glu, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}))
+              LOOKAHEAD=lookahead, PDL=pdl, GLU=glu, EARLY=early and pdl, num_warps=num_warps,
+              **({"maxnreg": max_regs} if max_regs else {}), **({"launch_pdl": True} if pdl else {}))
     launch_split(_gemv_q4p_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return (y, as_words(*form)) if glu else y
 

@@ -61,22 +61,20 @@ def _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1):
 
 
 @gluon.jit
-def _step_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word, x_valid,
-                sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT: gl.constexpr, EVEN: gl.constexpr):
-    """Everything step ``b0_`` (blocks ``b0_ .. b0_ + S - 1``, none at or past ``hi`` unless EVEN) reads:
-    ``ql`` / ``qh`` words of rows g and g + 8, the lane's x run, scale bytes, ``d``, x block scales and sums."""
+def _weight_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, r_g, r_h, ql_col, qh_col, sr_g, sr_h, sc_col, ab, sb, NB,
+                  EVICT: gl.constexpr, EVEN: gl.constexpr):
+    """The weight words step ``b0_`` (blocks ``b0_ .. b0_ + S - 1``, none at or past ``hi`` unless EVEN) reads:
+    ``ql`` / ``qh`` words of rows g and g + 8, scale bytes, ``d``. No kernel writes them: they may load
+    before the PDL wait."""
     if EVEN:
         ql_g = gl.load(w32_ptr + r_g + b0_ * WW + ql_col, eviction_policy=EVICT)
         ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, eviction_policy=EVICT)
         qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, eviction_policy=EVICT)
         qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, eviction_policy=EVICT)
-        xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid, other=0)
         scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
         sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col).to(gl.float32)
         dg = gl.load(d_ptr + sr_g * NB + b0_ + sb).to(gl.float32)
         dh = gl.load(d_ptr + sr_h * NB + b0_ + sb).to(gl.float32)
-        xs = gl.load(xs_ptr + xblk + b0_ * 8)
-        x16 = gl.load(x16_ptr + x16i + b0_ * 16)
     else:
         bm7 = (b0_ + ab) < hi
         bm6 = (b0_ + sb) < hi
@@ -84,14 +82,51 @@ def _step_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_
         ql_h = gl.load(w32_ptr + r_h + b0_ * WW + ql_col, mask=bm7, other=0, eviction_policy=EVICT)
         qh_g = gl.load(w32_ptr + r_g + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
         qh_h = gl.load(w32_ptr + r_h + b0_ * WW + qh_col, mask=bm7, other=0, eviction_policy=EVICT)
-        xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid & bm7, other=0)
         scg = gl.load(w8_ptr + sr_g * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
         sch = gl.load(w8_ptr + sr_h * (NB * WB) + b0_ * WB + sc_col, mask=bm6, other=0).to(gl.float32)
         dg = gl.load(d_ptr + sr_g * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
         dh = gl.load(d_ptr + sr_h * NB + b0_ + sb, mask=bm6, other=0.0).to(gl.float32)
+    return ql_g, ql_h, qh_g, qh_h, scg, sch, dg, dh
+
+
+@gluon.jit
+def _x_loads(b0_, hi, xs_ptr, x16_ptr, x_src, x_word, x_valid, ab, sb, xblk, x16i, EVEN: gl.constexpr):
+    """What step ``b0_`` reads of x: the lane's x run, the block scales and sums."""
+    if EVEN:
+        xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid, other=0)
+        xs = gl.load(xs_ptr + xblk + b0_ * 8)
+        x16 = gl.load(x16_ptr + x16i + b0_ * 16)
+    else:
+        bm7 = (b0_ + ab) < hi
+        bm6 = (b0_ + sb) < hi
+        xv = gl.load(x_src + b0_ * 64 + x_word, mask=x_valid & bm7, other=0)
         xs = gl.load(xs_ptr + xblk + b0_ * 8, mask=bm6, other=0.0)
         x16 = gl.load(x16_ptr + x16i + b0_ * 16, mask=bm6, other=0.0)
+    return xv, xs, x16
+
+
+@gluon.jit
+def _step_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word, x_valid,
+                sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT: gl.constexpr, EVEN: gl.constexpr):
+    """Everything step ``b0_`` reads (:func:`_weight_loads`, :func:`_x_loads`)."""
+    ql_g, ql_h, qh_g, qh_h, scg, sch, dg, dh = _weight_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, r_g, r_h, ql_col, qh_col,
+                                                             sr_g, sr_h, sc_col, ab, sb, NB, EVICT, EVEN)
+    xv, xs, x16 = _x_loads(b0_, hi, xs_ptr, x16_ptr, x_src, x_word, x_valid, ab, sb, xblk, x16i, EVEN)
     return ql_g, ql_h, qh_g, qh_h, xv, scg, sch, dg, dh, xs, x16
+
+
+@gluon.jit
+def _step_acc(acc_g, acc_h, cur, low_col, sh0, sh1, L6: gl.constexpr):
+    """``acc_g`` / ``acc_h`` (rows g / g + 8) plus one step's scaled group sums (``cur``: :func:`_step_loads`)."""
+    ql_g, ql_h, qh_g, qh_h, xv, scg, sch, dg, dh, xs, x16 = cur
+    b0 = gl.where(low_col, xv, 0)
+    b1 = gl.where(low_col, 0, xv)
+    sg_, sh_ = _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1)  # [.., 2]: (h, l) digit sums
+    hg, lg = gl.split(sg_)
+    hh_, lh_ = gl.split(sh_)
+    vg = gl.convert_layout(hg, L6).to(gl.float32) + gl.convert_layout(lg, L6).to(gl.float32) * (1.0 / 256.0)
+    vh = gl.convert_layout(hh_, L6).to(gl.float32) + gl.convert_layout(lh_, L6).to(gl.float32) * (1.0 / 256.0)
+    return acc_g + (dg * scg) * (vg * xs - 32.0 * x16), acc_h + (dh * sch) * (vh * xs - 32.0 * x16)
 
 
 @gluon.jit
@@ -100,13 +135,14 @@ def _gemv_q6k_mma_kernel(
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
     PDL: gl.constexpr, EVICT: gl.constexpr = "", CLUSTER: gl.constexpr = False, LOOKAHEAD: gl.constexpr = False,
+    EARLY: gl.constexpr = False,
 ):
     """Grid (cdiv(N, 16 T num_warps), SPLIT, M), or with CLUSTER ``(cdiv(N, BN), 1, M)`` in clusters of
     SPLIT (``launch.cluster``): one program of :func:`gemv_q6k_mma_program`."""
     pid, s_id = split_ids(SPLIT, CLUSTER)
     gemv_q6k_mma_program(pid, s_id, gl.program_id(2), xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr,
                          bias_ptr, y_ptr, part_ptr, cnt_ptr, N, NB, stride_ym, stride_bm, n_blocks, HAS_BIAS, EVEN,
-                         T, S, SPLIT, PDL, EVICT, CLUSTER, LOOKAHEAD)
+                         T, S, SPLIT, PDL, EVICT, CLUSTER, LOOKAHEAD, EARLY)
 
 
 @gluon.jit
@@ -114,11 +150,11 @@ def gemv_q6k_mma_program(
     pid, s_id, xm, xh_ptr, xl_ptr, xs_ptr, x16_ptr, w32_ptr, w8_ptr, d_ptr, bias_ptr, y_ptr, part_ptr, cnt_ptr,
     N, NB, stride_ym, stride_bm, n_blocks,
     HAS_BIAS: gl.constexpr, EVEN: gl.constexpr, T: gl.constexpr, S: gl.constexpr, SPLIT: gl.constexpr,
-    PDL: gl.constexpr, EVICT: gl.constexpr, CLUSTER: gl.constexpr, LOOKAHEAD: gl.constexpr,
+    PDL: gl.constexpr, EVICT: gl.constexpr, CLUSTER: gl.constexpr, LOOKAHEAD: gl.constexpr, EARLY: gl.constexpr,
 ):
     """Program ``(pid, s_id)`` (row block, split) for activation row ``xm``: a warp owns T tiles of 16
     rows; a step is S blocks. EVICT: the L1 eviction policy of the quant words
-    (``tiles.q6k_evict_first``). CLUSTER and LOOKAHEAD: as in ``q4_k.gemv_mma``."""
+    (``tiles.q6k_evict_first``). CLUSTER, LOOKAHEAD and EARLY: as in ``q4_k.gemv_mma``."""
     W: gl.constexpr = gl.num_warps()
     BN: gl.constexpr = 16 * T * W
     # axes [warp, tile, block, g, c, group (h, s), m]
@@ -159,34 +195,39 @@ def gemv_q6k_mma_program(
     per = gl.cdiv(gl.cdiv(NB, SPLIT), S) * S
     lo = s_id * per
     hi = gl.minimum(lo + per, NB)
+    if EARLY:  # the first step's weight words load before the wait (no kernel writes them)
+        w0 = _weight_loads(lo, hi, w32_ptr, w8_ptr, d_ptr, r_g, r_h, ql_col, qh_col, sr_g, sr_h, sc_col, ab, sb, NB,
+                           EVICT, EVEN)
     enter(PDL, False)  # the next kernel launches when the loop is done (launch.pdl)
     acc_g = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
     acc_h = gl.zeros([W, T, S, 8, 4, 4], gl.float32, layout=L6)
+    if EARLY:
+        ql_g, ql_h, qh_g, qh_h, scg, sch, dg, dh = w0
+        xv, xs, x16 = _x_loads(lo, hi, xs_ptr, x16_ptr, x_src, x_word, x_valid, ab, sb, xblk, x16i, EVEN)
+        first = (ql_g, ql_h, qh_g, qh_h, xv, scg, sch, dg, dh, xs, x16)
     if LOOKAHEAD:
-        cur = _step_loads(lo, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word,
-                          x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
-    for b0_ in range(lo, hi, S):
-        if LOOKAHEAD:  # the next step's loads go out before this step's arithmetic
+        if EARLY:
+            cur = first
+        else:
+            cur = _step_loads(lo, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word,
+                              x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
+        for b0_ in range(lo, hi, S):  # the next step's loads go out before this step's arithmetic
             b_next = b0_ + S
             if EVEN:
                 b_next = gl.minimum(b_next, hi - S)  # the last step re-reads itself (in bounds)
             nxt = _step_loads(b_next, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col,
                               x_word, x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
-        else:
+            acc_g, acc_h = _step_acc(acc_g, acc_h, cur, low_col, sh0, sh1, L6)
+            cur = nxt
+    else:
+        start = lo
+        if EARLY:  # the first step apart, from the words loaded before the wait
+            acc_g, acc_h = _step_acc(acc_g, acc_h, first, low_col, sh0, sh1, L6)
+            start = lo + S
+        for b0_ in range(start, hi, S):
             cur = _step_loads(b0_, hi, w32_ptr, w8_ptr, d_ptr, xs_ptr, x16_ptr, x_src, r_g, r_h, ql_col, qh_col, x_word,
                               x_valid, sr_g, sr_h, sc_col, ab, sb, xblk, x16i, NB, EVICT, EVEN)
-        ql_g, ql_h, qh_g, qh_h, xv, scg, sch, dg, dh, xs, x16 = cur
-        b0 = gl.where(low_col, xv, 0)
-        b1 = gl.where(low_col, 0, xv)
-        sg_, sh_ = _group_sums(ql_g, ql_h, qh_g, qh_h, b0, b1, sh0, sh1)  # [.., 2]: (h, l) digit sums
-        hg, lg = gl.split(sg_)
-        hh_, lh_ = gl.split(sh_)
-        vg = gl.convert_layout(hg, L6).to(gl.float32) + gl.convert_layout(lg, L6).to(gl.float32) * (1.0 / 256.0)
-        vh = gl.convert_layout(hh_, L6).to(gl.float32) + gl.convert_layout(lh_, L6).to(gl.float32) * (1.0 / 256.0)
-        acc_g += (dg * scg) * (vg * xs - 32.0 * x16)
-        acc_h += (dh * sch) * (vh * xs - 32.0 * x16)
-        if LOOKAHEAD:
-            cur = nxt
+            acc_g, acc_h = _step_acc(acc_g, acc_h, cur, low_col, sh0, sh1, L6)
     release(PDL)
     y = gl.join(gl.sum(gl.sum(gl.sum(acc_g, axis=5), axis=4), axis=2),
                 gl.sum(gl.sum(gl.sum(acc_h, axis=5), axis=4), axis=2))  # [W, T, 8, 2]: rows g, g + 8
@@ -200,12 +241,12 @@ def gemv_q6k_mma_program(
 def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps: int, split: int,
                  scratch: SplitScratch, residual=None, norm=None, swiglu: bool = False,
                  pdl: bool = False, xq: tuple | None = None, evict_first: bool = False,
-                 cluster: bool = False, lookahead: bool = False) -> torch.Tensor:
+                 cluster: bool = False, lookahead: bool = False, early: bool = False) -> torch.Tensor:
     """A q6_K decode plane (``q6_k.plane.Q6KDecodePlane``); the contract of ``q6_k.gemv_i8.gemv_i8``;
     ``scratch`` built for ``BN = mma_rows(tiles, num_warps)``; ``blocks`` 256-value blocks a step;
     ``xq``: x already in ``quant_x.FORM`` (no norm or SwiGLU then); ``evict_first``: the quant words
     leave L1 first (``tiles.q6k_evict_first``); ``cluster`` and ``lookahead``: as in
-    ``q4_k.gemv_mma.gemv_q4p_mma``."""
+    ``q4_k.gemv_mma.gemv_q4p_mma``; ``early``: the first step's weight words before the PDL wait."""
     n, nb = data.d.shape
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
@@ -215,7 +256,8 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
     args = (xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
             n, nb, y.stride(0), sbm, scratch.n_blocks)
     kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
-              EVICT="evict_first" if evict_first else "", LOOKAHEAD=lookahead, num_warps=num_warps,
+              EVICT="evict_first" if evict_first else "", LOOKAHEAD=lookahead, EARLY=early and pdl,
+              num_warps=num_warps,
               **({"launch_pdl": True} if pdl else {}))
     launch_split(_gemv_q6k_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return y
