@@ -11,7 +11,7 @@ done (``enter(PDL, False)`` ... :func:`release`), so their successor's programs 
 beside them for the whole loop (7B tg128 +0.9%, at depth 4,096 +0.6%; why that is faster was not
 measured; releasing at the very end, one step earlier, or the short kernels releasing late too, lost).
 A tensor-core GEMV also loads its first step's weight words before the wait (``EARLY`` of
-``q4_k.gemv_mma``), so they travel while its predecessor ends (7B tg128 +1.7-2.0% beside gate|up's
+``q4_k.gemv_mma``), so they travel while its predecessor ends (7B tg128 +1.8-1.9% beside gate|up's
 register cap, ``tiles.MMA_TALL_REGS``).
 
 Rules every kernel launched this way keeps, so the chain stays ordered as without PDL:
