@@ -58,7 +58,8 @@ from .launch.pdl import enabled as pdl_enabled, prefetch_lines
 from .legacy.plane import pack_legacy
 from .ops.quant_x import FORM, GLU_FORM
 from .q6_k.plane import pack_q6k
-from .tiles import PAIR_Q6K, decode_config, glu_fits, mma_config, mma_max_regs, q6k_evict_first
+from .tiles import (PAIR_Q6K, decode_config, glu_fits, mma_config, mma_early, mma_max_regs,
+                    q6k_evict_first)
 
 PLUGIN = "mmq_triton"
 MAX_ROWS = 15
@@ -161,14 +162,12 @@ def make_gemv(qtype, data, bias: Optional[torch.Tensor], n: int, k: int,
 
         tiles = bn // (16 * warps)
         ahead = bool(rest[2]) if len(rest) > 2 else False
-        # the first step's weight words before the PDL wait (``q4_k.gemv_mma``), but in the output head's many
-        # rounds of programs (no faster there)
-        early = role != "output"
+        early, regs = mma_early(role), mma_max_regs(qt, n)
         if qt == QT.Q4_K:
             def run(x, res, norm, swiglu, xq=None, glu=False):
                 return gemv_q4p_mma(x, data, bias, tiles, bb, warps, split, scratch, res, norm, swiglu, pdl,
                                     lookahead=ahead, xq=xq, glu=glu, cluster=cluster, early=early,
-                                    max_regs=mma_max_regs(qt, n))
+                                    max_regs=regs)
         else:
             evict = q6k_evict_first(n)
 
@@ -309,7 +308,7 @@ def group_candidates(weights: list[Weight], ctx) -> list[Candidate]:
             x = x.float().contiguous()
         p4, p6 = state["planes"]
         y = gemv_pair_mma(x, p4, w4.bias, p6, w6.bias, tiling4, PAIR_Q6K, warps, split, *scratch, norm, pdl,
-                          evict6=evict6, cluster=pdl, early=True)
+                          evict6=evict6, cluster=pdl, early=mma_early(w4.role))
         return [y[:, :w4.n_out], y[:, w4.n_out:]]
 
     return [Candidate(PLUGIN, "mmq.gemv_pair.q4_k+q6_k", fn, fuses=("rmsnorm",))]

@@ -361,6 +361,13 @@ def mma_config(qt, n: int, k: int = 0) -> tuple[int, ...]:
 MMA_TALL_REGS = 96
 
 
+def mma_early(role: str) -> bool:
+    """Whether the tensor-core GEMV of a weight in ``role`` loads its first step's weight words before the PDL
+    wait (``q4_k.gemv_mma``'s EARLY): all but the output head, whose programs run in several rounds and
+    where it tied (7B tg128 550.63 / 549.68 against 551.60 / 550.75, H200, one call, alternating)."""
+    return role != "output"
+
+
 def mma_max_regs(qt, n: int) -> int | None:
     """The register cap (``maxnreg``) of the tensor-core GEMV over an ``n``-row weight, None for none."""
     return MMA_TALL_REGS if QT(qt) == QT.Q4_K and n >= MMA_TALL else None

@@ -114,8 +114,9 @@ def _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, 
 
 
 @gluon.jit
-def _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH: gl.constexpr):
-    """``acc`` plus one step's scaled sub-block sums (the loads of :func:`_step_loads`)."""
+def _step_acc(acc, cur, low_col, sc_shift, hi_sub, LH: gl.constexpr):
+    """``acc`` plus one step's scaled sub-block sums (``cur``: :func:`_step_loads`)."""
+    qa, qb, scw, dmw, xs, xa, xv = cur
     W: gl.constexpr = gl.num_warps()
     T: gl.constexpr = qa.shape[1]
     S: gl.constexpr = qa.shape[2]
@@ -245,9 +246,10 @@ def gemv_q4p_mma_program(
     if EARLY:
         qa, qb, scw, dmw = w0
         xs, xa, xv = _x_loads(lo, hi, xs_ptr, x16_ptr, x_src, asp, hsp, x_valid, x_run, xb_off, EVEN)
+        first = (qa, qb, scw, dmw, xs, xa, xv)
     if LOOKAHEAD:
         if EARLY:
-            cur = (qa, qb, scw, dmw, xs, xa, xv)
+            cur = first
         else:
             cur = _step_loads(lo, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
                               asp, hsp, x_valid, x_run, xb_off, EVEN)
@@ -257,18 +259,17 @@ def gemv_q4p_mma_program(
                 t_next = gl.minimum(t_next, hi - S)  # the last step re-reads itself (in bounds)
             nxt = _step_loads(t_next, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off,
                               dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
-            qa, qb, scw, dmw, xs, xa, xv = cur
-            acc = _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH)
+            acc = _step_acc(acc, cur, low_col, sc_shift, hi_sub, LH)
             cur = nxt
     else:
         start = lo
         if EARLY:  # the first step apart, from the words loaded before the wait
-            acc = _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH)
+            acc = _step_acc(acc, first, low_col, sc_shift, hi_sub, LH)
             start = lo + S
         for t0 in range(start, hi, S):
-            qa, qb, scw, dmw, xs, xa, xv = _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off,
-                                                       qb_off, sc_off, dm_off, asp, hsp, x_valid, x_run, xb_off, EVEN)
-            acc = _step_acc(acc, qa, qb, scw, dmw, xs, xa, xv, low_col, sc_shift, hi_sub, LH)
+            cur = _step_loads(t0, hi, qw_ptr, sc_ptr, dm_ptr, xs_ptr, x16_ptr, x_src, qa_off, qb_off, sc_off, dm_off,
+                              asp, hsp, x_valid, x_run, xb_off, EVEN)
+            acc = _step_acc(acc, cur, low_col, sc_shift, hi_sub, LH)
     release(PDL)
     y = gl.sum(gl.sum(acc, axis=4), axis=2)  # [W, T, 8, 2]
     rows = _tile_row(ax(W, 0, 4, LY) * T + ax(T, 1, 4, LY), pid, N, BN, W * T, GLU) + ax(8, 2, 4, LY) \
