@@ -357,7 +357,9 @@ def mma_config(qt, n: int, k: int = 0) -> tuple[int, ...]:
 #: multiprocessor that keep its 592 resident at once. 7B, H200, alternating, one call each: tg128 539.16 /
 #: 539.50 -> 542.37 / 542.77 (the cap alone), 545.12 / 544.68 -> 551.60 / 550.75 (beside the first step's
 #: weights before the PDL wait, ``decode.make_gemv``); a cap of 128 on o, qkv, q|k and the pair as well
-#: (every load ahead of the MMAs, 4 programs a multiprocessor) lost: 528.92 / 527.56.
+#: (every load ahead of the MMAs, 4 programs a multiprocessor) lost: 528.92 / 527.56; so did the q6_K down
+#: under 160 at 7 splits (every load ahead, 3 programs a multiprocessor: 510.29 / 509.56 against 544.02 /
+#: 544.51), and the output head under 168 tied (545.09 / 545.10).
 MMA_TALL_REGS = 96
 
 
