@@ -18,6 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .launch.cluster import launch_split, split_ids
+from .launch.pdl import launch_args
 from .launch.split import SplitScratch, bias_or_residual, whole_steps
 from .ops.quant_x import quantize_x
 from .q4_k.gemv_mma import gemv_q4p_mma_program
@@ -77,8 +78,8 @@ def gemv_pair_mma(x: torch.Tensor, q4: Q4KPlane, bias4, q6, bias6, tiling4: tupl
             q6.w.view(torch.int32), q6.w.view(torch.int8), q6.d, b6, part6, cnt6, n6, nb, scratch6.n_blocks)
     kw = dict(HAS_BIAS4=has4, EVEN4=whole_steps(nt, s4, split), T4=t4, S4=s4, AHEAD4=bool(a4),
               HAS_BIAS6=has6, EVEN6=whole_steps(nb, s6, split), T6=t6, S6=s6, AHEAD6=bool(a6),
-              EVICT6="evict_first" if evict6 else "", SPLIT=split, PDL=pdl, EARLY=early and pdl, num_warps=num_warps,
-              **({"launch_pdl": True} if pdl else {}))
+              EVICT6="evict_first" if evict6 else "", SPLIT=split, EARLY=early and pdl, num_warps=num_warps,
+              **launch_args(pdl))
     launch_split(_gemv_pair_kernel, scratch4.n_blocks + scratch6.n_blocks, split, m, 16 * t4 * num_warps, cluster,
                  *args, **kw)
     return y

@@ -79,9 +79,9 @@ def test_weight_words_loaded_before_the_pdl_wait_give_the_same_bits(qtype, n, k,
     gemv = gemv_q4p_mma if qtype == QT.Q4_K else gemv_q6k_mma
     for t, s, warps, ahead in configs:
         scratch = SplitScratch(n, mma_rows(t, warps), split)
-        late, early = (gemv(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead), early=e)
-                       for e in (False, True))
-        assert torch.equal(early, late), (t, s, warps, ahead)
+        plain, early = (gemv(x, plane, w.bias, t, s, warps, split, scratch, pdl=True, lookahead=bool(ahead), early=e)
+                        for e in (False, True))
+        assert torch.equal(early, plain), (t, s, warps, ahead)
 
 
 def check_prologues(fn, w64, m, gen, tol=TOL_I8):

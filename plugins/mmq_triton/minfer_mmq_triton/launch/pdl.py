@@ -10,9 +10,9 @@ kernel has finished and its writes are visible, and then lets the next kernel la
 done (``enter(PDL, False)`` ... :func:`release`), so their successor's programs are not launched
 beside them for the whole loop (7B tg128 +0.9%, at depth 4,096 +0.6%; why that is faster was not
 measured; releasing at the very end, one step earlier, or the short kernels releasing late too, lost).
-Where a GEMV follows a split GEMV directly (o -> gate|up with the quantizer between them taken out), its
-programs resident during that GEMV's split reduction and stores, it takes twice as long; released after
-the stores instead, it does not (benchmarks/README.md, "the quantizer's launches").
+A GEMV right behind a split GEMV (o -> gate|up with the quantizer between them taken out) takes twice as
+long when its programs launch during that GEMV's split reduction and stores, and does not when that GEMV
+releases after its stores (benchmarks/README.md, "the quantizer's launches").
 A tensor-core GEMV also loads its first step's weight words before the wait (``EARLY`` of
 ``q4_k.gemv_mma``), so they travel while its predecessor ends (7B tg128 +1.8-1.9% beside gate|up's
 register cap, ``tiles.MMA_TALL_REGS``).

@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 
 from ..launch.cluster import launch_split, split_ids, store_split_rows
 from ..launch.mma import ax
-from ..launch.pdl import enter, release
+from ..launch.pdl import enter, launch_args, release
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
 from ..ops.quant_x import as_words, form_buffers, quantize_x, two_digits
 from ..tiles import glu_fits
@@ -306,8 +306,8 @@ def gemv_q4p_mma(x: torch.Tensor, plane: Q4KPlane, bias, tiles: int, spans: int,
         form = (y, y, y, y)  # not written
     args = (xh, xl, xs, x16, qw32, sc32, dm32, b, y, part, cnt, *form, n, nt, y.stride(0), sbm, scratch.n_blocks)
     kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nt, spans, split), T=tiles, S=spans, SPLIT=split,
-              LOOKAHEAD=lookahead, PDL=pdl, GLU=glu, EARLY=early and pdl, num_warps=num_warps,
-              **({"maxnreg": max_regs} if max_regs else {}), **({"launch_pdl": True} if pdl else {}))
+              LOOKAHEAD=lookahead, GLU=glu, EARLY=early and pdl, num_warps=num_warps,
+              **({"maxnreg": max_regs} if max_regs else {}), **launch_args(pdl))
     launch_split(_gemv_q4p_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return (y, as_words(*form)) if glu else y
 

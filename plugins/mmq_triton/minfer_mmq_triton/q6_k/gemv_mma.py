@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 
 from ..launch.cluster import launch_split, split_ids, store_split_rows
 from ..launch.mma import ax
-from ..launch.pdl import enter, release
+from ..launch.pdl import enter, launch_args, release
 from ..launch.split import SplitScratch, bias_or_residual, whole_steps
 from ..ops.quant_x import quantize_x
 from .plane import DECODE_BYTES, QH_AT, SC_AT
@@ -255,10 +255,9 @@ def gemv_q6k_mma(x: torch.Tensor, data, bias, tiles: int, blocks: int, num_warps
     xh, xl, xs, x16 = quantize_x(x, norm, swiglu, pdl) if xq is None else xq
     args = (xh, xl, xs, x16, data.w.view(torch.int32), data.w.view(torch.int8), data.d, b, y, part, cnt,
             n, nb, y.stride(0), sbm, scratch.n_blocks)
-    kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split, PDL=pdl,
+    kw = dict(HAS_BIAS=has_bias, EVEN=whole_steps(nb, blocks, split), T=tiles, S=blocks, SPLIT=split,
               EVICT="evict_first" if evict_first else "", LOOKAHEAD=lookahead, EARLY=early and pdl,
-              num_warps=num_warps,
-              **({"launch_pdl": True} if pdl else {}))
+              num_warps=num_warps, **launch_args(pdl))
     launch_split(_gemv_q6k_mma_kernel, scratch.n_blocks, split, m, 16 * tiles * num_warps, cluster, *args, **kw)
     return y
 
