@@ -64,7 +64,7 @@ def attention_alone(cfg, depths: list[int], n_ctx: int) -> None:
     for nv in depths:
         nvt = torch.tensor(max(nv, 1), dtype=torch.int32, device=dev)
         for bs, nw, ns, dc, ch in configs:
-            att = A.SplitKVAttention(block_s=bs, num_warps=nw, nsplit=ns, dc=dc)
+            att = A.SplitKVAttention(block_s=bs, num_warps=nw, nsplit=ns, dc=dc, ch=ch)
             us = time_cuda(lambda: att(q, k, v, nvt))
             used = ns or A.n_splits(hkv, dev)
             gbs = max(nv, 1) * hkv * d * 2 * 2 / us / 1e3

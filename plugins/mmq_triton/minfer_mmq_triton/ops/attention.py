@@ -8,13 +8,15 @@ the int8 GEMVs run on tensor cores (``decode.mma_enabled``) ``out`` comes as an 
 whose ``forms`` hold it quantized too (``quant_x.FORM``, written by pass 2): the o projection's
 GEMV reads that instead of launching the quantizer.
 
-One launch, grid ``(Hkv, NSPLIT)``: program ``(g, s)`` takes the ``H / Hkv`` query heads sharing KV
-head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positions, computed in the
-kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up to ``BLOCK_S``, at least ``MIN_SHARE``.
-Up to ``MIN_SHARE`` positions one split holds them all and normalizes and stores the output itself;
-past it each split with positions stores its unnormalized output, running max and sum of
-exponentials (base 2), then arrives at its KV head's counter, and the last to arrive weighs the
-splits to a common max and divides. A split past ``n_valid`` loads and stores nothing.
+Pass 1, grid ``(Hkv, NSPLIT)``: program ``(g, s)`` takes the ``H / Hkv`` query heads sharing KV
+head ``g`` (padded to 16 rows for ``tl.dot``) over its share of the valid positions. The share is
+computed in the kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up to ``BLOCK_S``, so
+short and long contexts both spread over the splits, and a split past ``n_valid`` loads and stores
+nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
+per (head, split).
+Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
+for a ``DC``-wide slice of the head dimension, and divides.
+
 ``NSPLIT`` depends only on the device and the KV head count, never on the cache length, so a
 step costs the same whatever context the engine was loaded with (what ran before it included).
 Scores use float16 operands on the tensor cores with float32 accumulation (``q`` is rounded to
@@ -44,39 +46,17 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _finish(res, r, c0, heads, REP: tl.constexpr, D: tl.constexpr, C: tl.constexpr, out_ptr,
-            xh_ptr, xl_ptr, xs_ptr, x16_ptr, FORM: tl.constexpr):
-    """Store the normalized output ``res`` [R, C] of head rows ``r`` (those < REP are this KV head's,
-    global heads ``heads``), dimensions ``c0 .. c0 + C - 1`` (``c0`` and C multiples of 32), and with FORM
-    each 32 dimensions of a head as one block of ``quant_x.FORM`` (block ``(head D + d) / 32``)."""
-    R: tl.constexpr = r.shape[0]
-    dd = c0 + tl.arange(0, C)
-    hmask = r < REP
-    tl.store(out_ptr + heads[:, None] * D + dd[None, :], res, mask=hmask[:, None] & (dd < D)[None, :])
-    if FORM:
-        j = c0 // 32 + tl.arange(0, C // 32)
-        b = tl.reshape(heads[:, None] * (D // 32) + j[None, :], [R * (C // 32)])
-        bmask = tl.reshape(hmask[:, None] & (j < D // 32)[None, :], [R * (C // 32)])
-        store_blocks(tl.reshape(res, [R * (C // 32), 2, 16]), b, bmask, 0, 0, xh_ptr, xl_ptr, xs_ptr, x16_ptr)
-
-
-@triton.jit
-def _attn_decode_kernel(
-    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, cnt_ptr, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
+def _attn_split_kernel(
+    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
-    REP: tl.constexpr, REP_P: tl.constexpr, REP_C: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    BLOCK_S: tl.constexpr, MIN_SHARE: tl.constexpr, NSPLIT: tl.constexpr,
-    PDL: tl.constexpr, FORM: tl.constexpr,
+    REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program ``(g, s)``: split ``s`` of KV head ``g`` (its ``REP`` query heads). Where one split holds
-    every valid position it normalizes and stores the output itself; else each split with positions
-    stores its partials and arrives at KV head ``g``'s counter, and the last to arrive combines them."""
     enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
     nv = tl.load(nv_ptr)
-    share = tl.maximum(tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S, MIN_SHARE)
-    n_act = tl.cdiv(nv, share)  # splits that see a position (the first n_act)
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
     hi = tl.minimum(lo + share, nv)
     r = tl.arange(0, REP_P)
@@ -104,33 +84,10 @@ def _attn_decode_kernel(
         v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
         m_i = m_new
-    if n_act == 1:
-        if s == 0:  # (rows past REP hold no head: divided by 1, not stored)
-            _finish(acc / tl.where(r < REP, l_i, 1.0)[:, None], r, 0, heads, REP, D, DP, out_ptr,
-                    xh_ptr, xl_ptr, xs_ptr, x16_ptr, FORM)
-    elif s < n_act:
-        part = heads * NSPLIT + s
-        tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
-        tl.store(m_ptr + part, m_i, mask=hmask)
-        tl.store(l_ptr + part, l_i, mask=hmask)
-        # every thread's partials before the arrival (the barrier), the arrival a release at GPU scope;
-        # the last to arrive acquires them all, then reads them from L2 (.cg: not this SM's stale L1 lines)
-        tl.debug_barrier()
-        if tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel", scope="gpu") == n_act - 1:
-            tl.store(cnt_ptr + g, 0)  # ready for the next launch (which starts after this one ends)
-            rc = tl.arange(0, REP_C)
-            sp = tl.arange(0, NSPLIT)
-            every = (g * REP + rc)[:, None] * NSPLIT + sp[None, :]  # [REP_C, NSPLIT]
-            live = (rc < REP)[:, None] & (sp < n_act)[None, :]
-            m = tl.load(m_ptr + every, mask=live, other=float("-inf"), cache_modifier=".cg")
-            l = tl.load(l_ptr + every, mask=live, other=0.0, cache_modifier=".cg")
-            o = tl.load(o_ptr + every[:, :, None] * DP + dd[None, None, :], mask=live[:, :, None], other=0.0,
-                        cache_modifier=".cg")  # every load at once: one round trip
-            m_all = tl.where(rc < REP, tl.max(m, axis=1), 0.0)
-            w = tl.where(live, tl.exp2(m - m_all[:, None]), 0.0)
-            den = tl.where(rc < REP, tl.sum(w * l, axis=1), 1.0)
-            res = tl.sum(w[:, :, None] * o, axis=1) / den[:, None]
-            _finish(res, rc, 0, g * REP + rc, REP, D, DP, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr, FORM)
+    part = heads * NSPLIT + s
+    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part, m_i, mask=hmask)
+    tl.store(l_ptr + part, l_i, mask=hmask)
 
 
 @triton.jit
@@ -149,8 +106,8 @@ def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs
                         H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
                         BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr, FORM: tl.constexpr = False):
     """Row ``r`` (sequence ``r // H``'s head ``r % H``), dims ``c*DC ..``: weigh the splits that hold
-    valid positions of that sequence (``nv_ptr[r // H]``), CH at a time, and normalize (the paged
-    kernels' pass 2).
+    valid positions of that sequence (``nv_ptr[r // H]``), CH at a time, and normalize. Shared by the
+    single-sequence and the paged kernels, whose pass 1 lays out the partials the same way.
     FORM (DC = 32): also write the slice as one block of ``quant_x.FORM`` (``xh_ptr`` ..), numbered
     over the whole output as ``out`` is (block ``(r D + c DC) / 32``)."""
     enter(PDL)
@@ -193,9 +150,6 @@ def n_splits(n_kv: int, device: torch.device) -> int:
 #: ``(BLOCK_S, num_warps)`` of the split kernel where the caller gives none: positions a loop step
 #: and warps a program (``decode_depth.py --tiles`` measures others in the whole model).
 DECODE_TILE = (64, 4)
-#: The fewest positions a split takes: contexts up to this length run in one split per KV head, which
-#: normalizes its output itself (no partials, no arrival).
-MIN_SHARE = 128
 
 
 class SplitKVAttention:
@@ -205,20 +159,11 @@ class SplitKVAttention:
     ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch)."""
 
     def __init__(self, block_s: int | None = None, num_warps: int | None = None, pdl: bool = False,
-                 nsplit: int | None = None, dc: int = 32, min_share: int | None = None, form: bool = False):
+                 nsplit: int | None = None, dc: int = 32, ch: int = 32, form: bool = False):
         self.block_s, self.num_warps = block_s or DECODE_TILE[0], num_warps or DECODE_TILE[1]
         self.pdl, self.form = pdl, form
-        self.nsplit, self.dc = nsplit, dc  # None: n_splits() of the device
-        self.min_share = min_share or MIN_SHARE
+        self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
-        self._arrivals: dict[tuple, torch.Tensor] = {}
-
-    def _counters(self, n_kv: int, device) -> torch.Tensor:
-        """One arrival counter per KV head, zero between launches (the last split to arrive resets it)."""
-        key = (n_kv, str(device))
-        if key not in self._arrivals:
-            self._arrivals[key] = torch.zeros(n_kv, dtype=torch.int32, device=device)
-        return self._arrivals[key]
 
     def _buffers(self, h: int, dp: int, nsplit: int, device) -> tuple[torch.Tensor, ...]:
         key = (h, dp, nsplit, str(device))
@@ -245,14 +190,16 @@ class SplitKVAttention:
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
         form = self.form and dc == 32 and d % 32 == 0
         xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
-        _attn_decode_kernel[(n_kv, nsplit)](
-            q, k_cache, v_cache, n_valid, o_part, m_part, l_part, self._counters(n_kv, q.device), out, *xq,
+        _attn_split_kernel[(n_kv, nsplit)](
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
-            REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), REP_C=triton.next_power_of_2(rep), D=d, DP=dp,
-            BLOCK_S=self.block_s, MIN_SHARE=self.min_share, NSPLIT=nsplit, FORM=form,
-            num_warps=self.num_warps, **launch_args(self.pdl),
+            REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
+            BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
         )
+        attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, *xq, H=h, D=d, DP=dp, DC=dc,
+                                           NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
+                                           num_warps=4, FORM=form, **launch_args(self.pdl))
         return Activation(out, forms={FORM: as_words(*xq)}) if form else out
 
 
