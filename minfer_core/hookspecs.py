@@ -271,7 +271,10 @@ def minfer_attention_candidates(phase, ctx):
     Decode contract: ``fn(q, k_cache, v_cache, n_valid) -> out`` with ``q`` ``(n_heads, head_dim)``,
     caches ``(max_ctx, n_kv_heads, head_dim)`` of one layer, ``n_valid`` a 0-d int32 device tensor
     (positions ``0 .. n_valid-1`` are valid; it must not be read on the host, so the call can be
-    captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32.
+    captured in a CUDA graph) and ``out`` ``(n_heads * head_dim,)`` float32. A candidate whose
+    ``fuses`` holds ``"rope_kv"`` also takes ``rope=(k, v, cos, sin, neox)`` (the decode RoPE op's
+    arguments; ``q`` then unrotated, ``(n_heads * head_dim,)``), rotates and writes row ``n_valid -
+    1`` itself: the step then launches no RoPE op.
     Prefill contract: ``fn(q, k, v, start) -> out`` with ``q`` ``(T, n_heads, head_dim)``,
     ``k``/``v`` ``(start + T, n_kv_heads, head_dim)`` (cached then new), causal, ``out``
     ``(T, n_heads * head_dim)`` float32; a candidate whose ``fuses`` holds ``"plane"`` returns, for

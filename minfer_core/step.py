@@ -66,9 +66,13 @@ class ContiguousToken:
 
     def __call__(self, model, i: int, q, k, v, cos, sin) -> torch.Tensor:
         cfg, rt, c, n = model.cfg, model.rt, model.cache, model.n_ctx
-        q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], self.pos,
-                    cfg.rope_style == "neox")
-        out = rt._run(rt.attn_decode, q, c.k[i, :n], c.v[i, :n], self.n_valid)
+        neox = cfg.rope_style == "neox"
+        if "rope_kv" in rt.attn_decode.fuses:  # the attention rotates and writes row pos itself
+            out = rt._run(rt.attn_decode, q[0], c.k[i, :n], c.v[i, :n], self.n_valid,
+                          rope=(k[0], v[0], cos, sin, neox))
+        else:
+            q = rt._run(rt.dec_rope_kv, q[0], k[0], v[0], cos, sin, c.k[i], c.v[i], self.pos, neox)
+            out = rt._run(rt.attn_decode, q, c.k[i, :n], c.v[i, :n], self.n_valid)
         if isinstance(out, Activation):  # with other forms of the same row (see Activation.forms)
             return Activation(out.f32.view(1, -1), forms=out.forms)
         return out.view(1, -1)

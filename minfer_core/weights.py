@@ -92,7 +92,10 @@ class Candidate:
     producer writes it under fuse mode 2 (the bf16 plane alone; asked only when the down projection's
     kernel reads nothing else);
     (prefill attention) ``"plane"``: ``fn(q, k, v, start, plane=True)`` returns the output as an
-    :class:`Activation` of the bf16 plane alone, for an o matmul that reads only the plane.
+    :class:`Activation` of the bf16 plane alone, for an o matmul that reads only the plane;
+    (decode attention) ``"rope_kv"``: ``fn(q, k_cache, v_cache, n_valid, rope=(k, v, cos, sin,
+    neox))`` takes ``q`` unrotated and does the decode RoPE op's work itself (rotates q and k, writes
+    k and v into the caches' row ``n_valid - 1``) before attending.
     The core does whatever a candidate does not fuse itself.
     ``reads`` (prefill matmuls): the layouts of the activation ``fn`` reads (``"f32"``, ``"plane"``);
     (decode matmuls): the names of :attr:`Activation.forms` that ``fn(x, forms={name: data})`` can

@@ -183,3 +183,48 @@ def test_splitkv_other_tiles(block_s, warps):
     for nv in (1, 129, 300):
         out = SplitKVAttention(block_s, warps)(q, k, v, torch.tensor(nv, dtype=torch.int32))
         assert rel(out, oracle(q, k, v, nv)) < TOL
+
+
+# -- RoPE and the new row's K/V write in the split kernel (``Candidate.fuses`` ``"rope_kv"``) --------
+
+def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device):
+    """Unrotated q, k, v of position ``nv - 1`` (a fused qkv row's views): the output matches the float64
+    oracle on q and k rotated by float64 RoPE, row ``nv - 1`` of the caches holds rotated k (within a
+    float16 ulp) and v, and no other row changes."""
+    from test_decode_fused import assert_f16_within_ulp, ref_rope
+
+    gen = torch.Generator(device=device).manual_seed(h * d + ctx + neox)
+    (c,) = attention_candidates("decode", None)
+    assert "rope_kv" in c.fuses
+    for nv in nvs:
+        qkv = torch.randn((h + 2 * hkv) * d, generator=gen, device=device)
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d])
+        ang = torch.rand(1, d // 2, generator=gen, device=device) * 6
+        cos, sin = ang.cos(), ang.sin()
+        _, k_cache, v_cache = _inputs(h, hkv, d, ctx, gen, device)
+        k_old, v_old = k_cache.clone(), v_cache.clone()
+        out = c.fn(q, k_cache, v_cache, torch.tensor(nv, dtype=torch.int32, device=device),
+                   rope=(k, v, cos, sin, neox))
+        c64, s64 = cos[0].double(), sin[0].double()
+        k_rot = ref_rope(k.double().view(hkv, d), c64, s64, neox)
+        assert_f16_within_ulp(k_cache[nv - 1], k_rot)
+        assert torch.equal(v_cache[nv - 1], v.view(hkv, d).half())
+        others = torch.arange(ctx, device=device) != nv - 1
+        assert torch.equal(k_cache[others], k_old[others]) and torch.equal(v_cache[others], v_old[others])
+        want = oracle(ref_rope(q.double().view(h, d), c64, s64, neox), k_cache, v_cache, nv)
+        assert rel(out, want) < TOL
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("h,hkv,d,ctx,nvs", [
+    (14, 2, 64, 300, (1, 65, 77, 300)),  # the new row alone; first row of a split; mid-split; the last row
+    (4, 2, 80, 64, (33,)),  # head dim not a power of two (lanes past it masked)
+])
+def test_splitkv_applies_rope_and_writes_the_new_row(h, hkv, d, ctx, nvs, neox):
+    check_rope_in_attention(h, hkv, d, ctx, nvs, neox, "cpu" if not torch.cuda.is_available() else "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("neox", [True, False])
+def test_splitkv_rope_real_shapes_cuda(neox):
+    check_rope_in_attention(28, 4, 128, 4096, (1, 128, 129, 4095, 4096), neox, "cuda")

@@ -47,11 +47,15 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attn_split_kernel(
-    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr = 0,
 ):
+    """Pass 1 (module docstring). ``ROPE`` 1 (neox) or 2 (normal): ``q`` is this token's unrotated row
+    and ``kn``/``vn`` its K/V rows (``cos``/``sin`` the D/2 angles of position ``n_valid - 1``); every
+    program rotates its q heads, and the split holding position ``n_valid - 1`` writes the rotated k and
+    v there (float16) and takes that position from registers, not from the cache it just wrote."""
     enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
@@ -64,11 +68,36 @@ def _attn_split_kernel(
     dmask = dd < D
     heads = g * REP + r
     hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
-    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=hmask[:, None] & dmask[None, :], other=0.0)
-    q = (q.to(tl.float32) * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
+    qmask = hmask[:, None] & dmask[None, :]
+    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=qmask, other=0.0).to(tl.float32)
+    if ROPE:
+        # a pair (a, b) turns into (a c - b s, a s + b c): each dimension reads its partner and the
+        # pair's angle, and the sine carries the sign of its place in the pair
+        if ROPE == 1:
+            mate, j, first = (dd + D // 2) % D, dd % (D // 2), dd < D // 2
+        else:
+            mate, j, first = dd ^ 1, dd // 2, dd % 2 == 0
+        c = tl.load(cos_ptr + j, mask=dmask, other=0.0)
+        sn = tl.where(first, -1.0, 1.0) * tl.load(sin_ptr + j, mask=dmask, other=0.0)
+        qm = tl.load(q_ptr + heads[:, None] * D + mate[None, :], mask=qmask, other=0.0)
+        q = q * c[None, :] + qm * sn[None, :]
+        kn = tl.load(kn_ptr + g * D + dd, mask=dmask, other=0.0) * c
+        kn = (kn + tl.load(kn_ptr + g * D + mate, mask=dmask, other=0.0) * sn).to(tl.float16)
+        vn = tl.load(vn_ptr + g * D + dd, mask=dmask, other=0.0).to(tl.float16)
+        row = nv - 1
+        own = (row >= lo) & (row < hi)
+        omask = dd < tl.where(own, D, 0)
+        tl.store(k_ptr + row * stride_kt + g * stride_kh + dd, kn, mask=omask)
+        tl.store(v_ptr + row * stride_vt + g * stride_vh + dd, vn, mask=omask)
+    q = (q * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
     m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([REP_P], dtype=tl.float32)
     acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    if ROPE:  # the new position first, from registers (weight exp2(0) = 1); the loop stops short of it
+        m_i = tl.where(own, tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1), m_i)
+        l_i = tl.where(own, 1.0, l_i)
+        acc = tl.where(own, vn.to(tl.float32)[None, :] + acc, acc)
+        hi = tl.minimum(hi, row)
     t0 = tl.arange(0, BLOCK_S)
     for start in range(lo, hi, BLOCK_S):
         t = start + t0
@@ -147,6 +176,19 @@ def n_splits(n_kv: int, device: torch.device) -> int:
     return max(1, min(1 << ((sms // n_kv).bit_length() - 1), 256)) if sms >= n_kv else 1
 
 
+def _check_rope_rows(q, k, v, cos, sin, k_cache, v_cache) -> None:
+    """What ``rope_kv_write`` asks of its inputs, for the split kernel that does its work."""
+    n_kv, d = k_cache.shape[1], k_cache.shape[2]
+    if d % 2:
+        raise ValueError(f"decode attention with RoPE: head size {d} must be even")
+    if v_cache.shape != k_cache.shape or k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16:
+        raise ValueError("decode attention with RoPE: k_cache and v_cache must be float16 (n_ctx, n_kv, D)")
+    for name, t, n in (("q", q, q.numel()), ("k", k, n_kv * d), ("v", v, n_kv * d), ("cos", cos, d // 2),
+                       ("sin", sin, d // 2)):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n:
+            raise ValueError(f"decode attention with RoPE: {name} must be float32, contiguous, {n} values")
+
+
 #: ``(BLOCK_S, num_warps)`` of the split kernel where the caller gives none: positions a loop step
 #: and warps a program (``decode_depth.py --tiles`` measures others in the whole model).
 DECODE_TILE = (64, 4)
@@ -176,26 +218,35 @@ class SplitKVAttention:
         return buf
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 n_valid: torch.Tensor):
-        h, d = q.shape
-        n_kv = k_cache.shape[1]
+                 n_valid: torch.Tensor, rope: tuple | None = None):
+        """``rope=(k, v, cos, sin, neox)`` (``Candidate.fuses`` ``"rope_kv"``): ``q`` (H*D,) float32 is
+        unrotated; RoPE and the write of row ``n_valid - 1`` (``rope_kv_write``'s contract) happen in
+        the split kernel."""
+        n_kv, d = k_cache.shape[1], k_cache.shape[2]
+        q = q.reshape(-1, d)
+        h = q.shape[0]
         rep = h // n_kv
         if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
             raise ValueError("k/v cache rows must be contiguous in the head dimension")
         q = q.contiguous()
         nsplit = self.nsplit or n_splits(n_kv, q.device)
         dp = max(16, triton.next_power_of_2(d))
+        style, kn, vn, cos, sin = 0, q, q, q, q  # the rope pointers, unread without ROPE
+        if rope is not None:
+            kn, vn, cos, sin, neox = rope
+            _check_rope_rows(q, kn, vn, cos, sin, k_cache, v_cache)
+            style = 1 if neox else 2
         dc = min(self.dc, dp)
         o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
         form = self.form and dc == 32 and d % 32 == 0
         xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
         _attn_split_kernel[(n_kv, nsplit)](
-            q, k_cache, v_cache, n_valid, o_part, m_part, l_part,
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part, kn, vn, cos, sin,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            BLOCK_S=self.block_s, NSPLIT=nsplit, num_warps=self.num_warps, **launch_args(self.pdl),
+            BLOCK_S=self.block_s, NSPLIT=nsplit, ROPE=style, num_warps=self.num_warps, **launch_args(self.pdl),
         )
         attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, *xq, H=h, D=d, DP=dp, DC=dc,
                                            NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
@@ -240,7 +291,8 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
     if phase == "decode":
         from ..decode import mma_enabled  # the GEMVs that read the output's int8 form
 
-        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)))]
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)),
+                          fuses=("rope_kv",))]
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
 
