@@ -21,10 +21,7 @@ Rules every kernel launched this way keeps, so the chain stays ordered as withou
 
 1. every program calls :func:`enter` (the wait) unconditionally: a kernel ends only after its
    predecessor has ended, hence after every kernel before it;
-2. nothing the kernel right before it writes is read, and nothing at all is written, before
-   :func:`enter`. What kernels further back wrote is complete by then (the kernel right before let
-   this one launch only after its own wait), so such data may be read early: the decode attention's
-   cache rows from earlier steps (``ops.attention``).
+2. nothing an earlier kernel writes is read, and nothing at all is written, before :func:`enter`.
 
 Kernels launched without the attribute (torch's) wait for their predecessor as always, and
 ``enter`` is a no-op for a kernel launched without it. Off on the CPU, below 9.0, and when

@@ -46,20 +46,6 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend(q, k, v, tmask, m_i, l_i, acc):
-    """One tile of positions (``k``, ``v`` [BLOCK_S, DP] float16, ``tmask`` the valid ones) added to the
-    online softmax of ``q`` [REP_P, DP] float16: the running max ``m_i``, sum ``l_i`` and output ``acc``."""
-    sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
-    sc = tl.where(tmask[None, :], sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
@@ -69,11 +55,8 @@ def _attn_split_kernel(
     """Pass 1 (module docstring). ``ROPE`` 1 (neox) or 2 (normal): ``q`` is this token's unrotated row
     and ``kn``/``vn`` its K/V rows (``cos``/``sin`` the D/2 angles of position ``n_valid - 1``); every
     program rotates its q heads, and the split holding position ``n_valid - 1`` writes the rotated k and
-    v there (float16) and takes that position from registers, not from the cache it just wrote. The
-    cache rows it reads were then written by earlier steps, and ``n_valid`` and the angles at the step's
-    start: its first tile loads before the PDL wait (``launch.pdl``, rule 2)."""
-    if not ROPE:
-        enter(PDL)
+    v there (float16) and takes that position from registers, not from the cache it just wrote."""
+    enter(PDL)
     g = tl.program_id(0)
     s = tl.program_id(1)
     nv = tl.load(nv_ptr)
@@ -86,15 +69,8 @@ def _attn_split_kernel(
     heads = g * REP + r
     hmask = r < tl.where(lo < nv, REP, 0)  # a split past the valid positions neither loads nor stores
     qmask = hmask[:, None] & dmask[None, :]
-    t0 = tl.arange(0, BLOCK_S)
+    q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=qmask, other=0.0).to(tl.float32)
     if ROPE:
-        row = nv - 1
-        own = (row >= lo) & (row < hi)
-        hi = tl.minimum(hi, row)  # the new position comes from registers
-        t = lo + t0
-        kvmask = (t < hi)[:, None] & dmask[None, :]
-        k0 = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-        v0 = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
         # a pair (a, b) turns into (a c - b s, a s + b c): each dimension reads its partner and the
         # pair's angle, and the sine carries the sign of its place in the pair
         if ROPE == 1:
@@ -103,37 +79,40 @@ def _attn_split_kernel(
             mate, j, first = dd ^ 1, dd // 2, dd % 2 == 0
         c = tl.load(cos_ptr + j, mask=dmask, other=0.0)
         sn = tl.where(first, -1.0, 1.0) * tl.load(sin_ptr + j, mask=dmask, other=0.0)
-        enter(PDL)
-        q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=qmask, other=0.0)
         qm = tl.load(q_ptr + heads[:, None] * D + mate[None, :], mask=qmask, other=0.0)
         q = q * c[None, :] + qm * sn[None, :]
         kn = tl.load(kn_ptr + g * D + dd, mask=dmask, other=0.0) * c
         kn = (kn + tl.load(kn_ptr + g * D + mate, mask=dmask, other=0.0) * sn).to(tl.float16)
         vn = tl.load(vn_ptr + g * D + dd, mask=dmask, other=0.0).to(tl.float16)
+        row = nv - 1
+        own = (row >= lo) & (row < hi)
         omask = dd < tl.where(own, D, 0)
         tl.store(k_ptr + row * stride_kt + g * stride_kh + dd, kn, mask=omask)
         tl.store(v_ptr + row * stride_vt + g * stride_vh + dd, vn, mask=omask)
-        q = (q * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
-        # the new position first (weight exp2(0) = 1), then the first tile (a finite floor for the max:
-        # a split with no position runs that tile too, and stores nothing)
-        m_i = tl.where(own, tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1), -1e30)
-        l_i = tl.where(own, 1.0, tl.zeros([REP_P], dtype=tl.float32))
-        acc = tl.where(own, vn.to(tl.float32)[None, :] + tl.zeros([REP_P, DP], dtype=tl.float32), 0.0)
-        m_i, l_i, acc = _attend(q, k0, v0, t < hi, m_i, l_i, acc)
-        lo += BLOCK_S
-    else:
-        q = tl.load(q_ptr + heads[:, None] * D + dd[None, :], mask=qmask, other=0.0)
-        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
-        m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([REP_P], dtype=tl.float32)
-        acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    q = (q * qk_scale).to(tl.float16)  # scale includes log2(e): exp2 below
+    m_i = tl.full([REP_P], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([REP_P], dtype=tl.float32)
+    acc = tl.zeros([REP_P, DP], dtype=tl.float32)
+    if ROPE:  # the new position first, from registers (weight exp2(0) = 1); the loop stops short of it
+        m_i = tl.where(own, tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], axis=1), m_i)
+        l_i = tl.where(own, 1.0, l_i)
+        acc = tl.where(own, vn.to(tl.float32)[None, :] + acc, acc)
+        hi = tl.minimum(hi, row)
+    t0 = tl.arange(0, BLOCK_S)
     for start in range(lo, hi, BLOCK_S):
         t = start + t0
         tmask = t < hi
         kvmask = tmask[:, None] & dmask[None, :]
         k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
+        sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
+        sc = tl.where(tmask[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-        m_i, l_i, acc = _attend(q, k, v, tmask, m_i, l_i, acc)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
     part = heads * NSPLIT + s
     tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
     tl.store(m_ptr + part, m_i, mask=hmask)
