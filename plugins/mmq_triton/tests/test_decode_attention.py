@@ -20,7 +20,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minfer_core.weights import Activation  # noqa: E402
 from minfer_mmq_triton.ops.attention import LABEL, attention_candidates  # noqa: E402
 
 TOL = 2e-3
@@ -188,7 +187,7 @@ def test_splitkv_other_tiles(block_s, warps):
 
 # -- RoPE and the new row's K/V write in the split kernel (``Candidate.fuses`` ``"rope_kv"``) --------
 
-def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device, fn=None):
+def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device):
     """Unrotated q, k, v of position ``nv - 1`` (a fused qkv row's views): the output matches the float64
     oracle on q and k rotated by float64 RoPE, row ``nv - 1`` of the caches holds rotated k (within a
     float16 ulp) and v, and no other row changes."""
@@ -197,7 +196,6 @@ def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device, fn=None):
     gen = torch.Generator(device=device).manual_seed(h * d + ctx + neox)
     (c,) = attention_candidates("decode", None)
     assert "rope_kv" in c.fuses
-    fn = fn or c.fn
     for nv in nvs:
         qkv = torch.randn((h + 2 * hkv) * d, generator=gen, device=device)
         q, k, v = qkv.split([h * d, hkv * d, hkv * d])
@@ -205,8 +203,8 @@ def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device, fn=None):
         cos, sin = ang.cos(), ang.sin()
         _, k_cache, v_cache = _inputs(h, hkv, d, ctx, gen, device)
         k_old, v_old = k_cache.clone(), v_cache.clone()
-        out = fn(q, k_cache, v_cache, torch.tensor(nv, dtype=torch.int32, device=device), rope=(k, v, cos, sin, neox))
-        out = out.f32 if isinstance(out, Activation) else out
+        out = c.fn(q, k_cache, v_cache, torch.tensor(nv, dtype=torch.int32, device=device),
+                   rope=(k, v, cos, sin, neox))
         c64, s64 = cos[0].double(), sin[0].double()
         k_rot = ref_rope(k.double().view(hkv, d), c64, s64, neox)
         assert_f16_within_ulp(k_cache[nv - 1], k_rot)
@@ -230,59 +228,3 @@ def test_splitkv_applies_rope_and_writes_the_new_row(h, hkv, d, ctx, nvs, neox):
 @pytest.mark.parametrize("neox", [True, False])
 def test_splitkv_rope_real_shapes_cuda(neox):
     check_rope_in_attention(28, 4, 128, 4096, (1, 128, 129, 4095, 4096), neox, "cuda")
-
-
-# -- the splits of a KV head as one thread-block cluster (compute capability 9.0+) ----------------------
-
-def _cluster_attention():
-    from minfer_mmq_triton.ops.attention import SplitKVAttention
-
-    return SplitKVAttention(pdl=True, form=True, cluster=True)
-
-
-needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-                                reason="thread-block clusters need compute capability 9.0")
-
-
-@pytest.mark.cuda
-@needs_sm90
-@pytest.mark.parametrize("h,hkv,d", [(28, 4, 128), (14, 2, 64)])
-def test_cluster_combine_matches_the_oracle_and_writes_the_form_cuda(h, hkv, d):
-    """The cluster's own combine (no second launch): the output against the float64 oracle at valid
-    lengths inside one split, across splits and the whole cache, and its ``quant_x.FORM`` as
-    ``quantize_x`` writes it for that output."""
-    from minfer_mmq_triton.ops.quant_x import FORM, quantize_x
-
-    gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v = _inputs(h, hkv, d, 4096, gen, "cuda")
-    att = _cluster_attention()
-    for nv in (1, 64, 65, 129, 1000, 4095, 4096):
-        act = att(q, k, v, torch.tensor(nv, dtype=torch.int32, device="cuda"))
-        assert rel(act.f32, oracle(q, k, v, nv)) < TOL, nv
-        want = quantize_x(act.f32.view(1, -1))
-        assert all(torch.equal(a, b) for a, b in zip(act.forms[FORM][:3], want[:3]))
-
-
-@pytest.mark.cuda
-@needs_sm90
-@pytest.mark.parametrize("neox", [True, False])
-def test_cluster_attention_applies_rope_cuda(neox):
-    check_rope_in_attention(28, 4, 128, 4096, (1, 128, 129, 4095, 4096), neox, "cuda", _cluster_attention())
-
-
-@pytest.mark.cuda
-@needs_sm90
-def test_cluster_attention_replays_in_a_cuda_graph_with_a_new_n_valid():
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = _inputs(28, 4, 128, 4096, gen, "cuda")
-    att = _cluster_attention()
-    nv = torch.tensor(10, dtype=torch.int32, device="cuda")
-    att(q, k, v, nv)  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = att(q, k, v, nv).f32
-    for n in (1, 700, 4096):
-        nv.fill_(n)
-        g.replay()
-        assert rel(out, oracle(q, k, v, n)) < TOL

@@ -18,8 +18,6 @@ packed metadata, launches ``grid[0] * SPLIT`` CTAs in clusters of ``SPLIT`` alon
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -131,34 +129,3 @@ def launch_split(kernel, n_blocks: int, split: int, m: int, rows: int, cluster: 
         ck.minfer_cluster = want = split
     assert want == split, "one compiled kernel, one cluster size"
     kernel[grid](*args, **kwargs)
-
-
-# -- the same exchange for plain Triton kernels: values a CTA keeps by index, read by any CTA of the cluster --
-
-#: ``$1`` (an index) -> ``b``, the byte address of slot ``$1`` of this CTA's partials, counted down from the
-#: end of its dynamic shared memory (the launch adds 4 bytes a slot past what Triton allocated).
-_SLOT = ("mov.u32 b, global_smem; mov.u32 d, %dynamic_smem_size; add.u32 b, b, d; shl.b32 d, $1, 2; "
-         "sub.u32 b, b, d; sub.u32 b, b, 4;")
-_PUT = tl.constexpr("{ .reg .u32 b, d; " + _SLOT + " st.shared.f32 [b], $2; mov.u32 $0, 0; }")
-_GET = tl.constexpr("{ .reg .u32 b, d, r; " + _SLOT + " mapa.shared::cluster.u32 r, b, $2; "
-                    "ld.shared::cluster.f32 $0, [r]; }")
-_TL_BARRIER = tl.constexpr(_BARRIER.value)
-
-
-@triton.jit
-def slot_put(idx, val):
-    """Keep ``val`` (float32) in this CTA's slots ``idx`` (int32, any shape and layout)."""
-    tl.inline_asm_elementwise(_PUT, "=r,r,r", [idx, val], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def slot_get(idx, rank):
-    """Slots ``idx`` of the cluster's CTA ``rank`` (int32, broadcast like ``idx``), as float32."""
-    return tl.inline_asm_elementwise(_GET, "=r,r,r", [idx, rank], dtype=tl.float32, is_pure=False, pack=1)
-
-
-@triton.jit
-def cta_barrier():
-    """Every thread of every CTA of the cluster: slots put before it are seen by gets after it (one
-    element a thread: a 32-wide range is held once by every thread of any number of warps)."""
-    tl.inline_asm_elementwise(_TL_BARRIER, "=r,r", [tl.arange(0, 32)], dtype=tl.int32, is_pure=False, pack=1)

@@ -36,7 +36,6 @@ import triton.language as tl
 
 from minfer_core.weights import Activation, Candidate
 
-from ..launch.cluster import MAX_CLUSTER, cta_barrier, launch_split, slot_get, slot_put
 from ..launch.device import sm_count
 from ..launch.pdl import enabled as pdl_enabled, enter, launch_args
 from .quant_x import FORM, as_words, form_buffers, store_blocks
@@ -47,42 +46,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend(q, k, v, tmask, m_i, l_i, acc):
-    """One tile of positions (``k``, ``v`` [BLOCK_S, DP] float16, ``tmask`` the valid ones) added to the
-    online softmax of ``q`` [REP_P, DP] float16: the running max ``m_i``, sum ``l_i`` and output ``acc``."""
-    sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
-    sc = tl.where(tmask[None, :], sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr,
-    out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr = 0,
-    CLUSTER: tl.constexpr = False, FORM: tl.constexpr = False, AHEAD: tl.constexpr = False,
 ):
     """Pass 1 (module docstring). ``ROPE`` 1 (neox) or 2 (normal): ``q`` is this token's unrotated row
     and ``kn``/``vn`` its K/V rows (``cos``/``sin`` the D/2 angles of position ``n_valid - 1``); every
     program rotates its q heads, and the split holding position ``n_valid - 1`` writes the rotated k and
-    v there (float16) and takes that position from registers, not from the cache it just wrote.
-    ``CLUSTER``: a KV head's NSPLIT programs are one thread-block cluster (``launch.cluster``) and
-    combine their partials there, each rank 32 dimensions of the heads (see :func:`_cluster_combine`):
-    ``out`` (and with FORM its ``quant_x.FORM``) is written here, and pass 2 is not launched."""
+    v there (float16) and takes that position from registers, not from the cache it just wrote."""
     enter(PDL)
-    if CLUSTER:
-        g = tl.program_id(0) // NSPLIT
-        s = tl.program_id(0) % NSPLIT
-    else:
-        g = tl.program_id(0)
-        s = tl.program_id(1)
+    g = tl.program_id(0)
+    s = tl.program_id(1)
     nv = tl.load(nv_ptr)
     share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
     lo = s * share
@@ -123,67 +99,24 @@ def _attn_split_kernel(
         acc = tl.where(own, vn.to(tl.float32)[None, :] + acc, acc)
         hi = tl.minimum(hi, row)
     t0 = tl.arange(0, BLOCK_S)
-    if AHEAD:  # each step requests the next step's K/V rows before its own arithmetic
-        kvmask = ((lo + t0) < hi)[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + (lo + t0)[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-        v = tl.load(v_ptr + (lo + t0)[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-        for start in range(lo, hi, BLOCK_S):
-            t = start + BLOCK_S + t0
-            kvmask = (t < hi)[:, None] & dmask[None, :]
-            k_next = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-            v_next = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-            m_i, l_i, acc = _attend(q, k, v, (start + t0) < hi, m_i, l_i, acc)
-            k, v = k_next, v_next
-    else:
-        for start in range(lo, hi, BLOCK_S):
-            t = start + t0
-            tmask = t < hi
-            kvmask = tmask[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-            v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-            m_i, l_i, acc = _attend(q, k, v, tmask, m_i, l_i, acc)
-    if CLUSTER:
-        _cluster_combine(acc, m_i, l_i, r, dd, s, heads, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
-                         REP, REP_P, D, DP, NSPLIT, FORM)
-    else:
-        part = heads * NSPLIT + s
-        tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
-        tl.store(m_ptr + part, m_i, mask=hmask)
-        tl.store(l_ptr + part, l_i, mask=hmask)
-
-
-@triton.jit
-def _cluster_combine(acc, m_i, l_i, r, dd, s, heads, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
-                     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                     NSPLIT: tl.constexpr, FORM: tl.constexpr):
-    """Pass 2 inside the cluster: every split keeps its partials in its shared memory (``slot_put``:
-    output rows, then maxima, then sums; a split without positions keeps max -inf, sum and rows 0), the
-    cluster meets, and rank ``s`` weighs every split's rows over dimensions ``32 c ..`` for ``c = s, s +
-    NSPLIT, ..`` (``slot_get``, splits in rank order), normalizes and stores them; a second meeting keeps
-    the shared memory alive until every rank has read it."""
-    slot_put(r[:, None] * DP + dd[None, :], acc)
-    slot_put(REP_P * DP + r, m_i)
-    slot_put(REP_P * DP + REP_P + r, l_i)
-    cta_barrier()
-    j = tl.arange(0, 32)
-    for c in tl.static_range(DP // 32):
-        if s == c % NSPLIT:
-            m_all = tl.full([REP_P], float("-inf"), dtype=tl.float32)
-            for t in tl.static_range(NSPLIT):
-                m_all = tl.maximum(m_all, slot_get(REP_P * DP + r, t))
-            num = tl.zeros([REP_P, 32], dtype=tl.float32)
-            den = tl.zeros([REP_P], dtype=tl.float32)
-            for t in tl.static_range(NSPLIT):
-                w = tl.exp2(slot_get(REP_P * DP + r, t) - m_all)
-                num += w[:, None] * slot_get(r[:, None] * DP + c * 32 + j[None, :], t)
-                den += w * slot_get(REP_P * DP + REP_P + r, t)
-            res = num / den[:, None]
-            col = c * 32 + j
-            tl.store(out_ptr + heads[:, None] * D + col[None, :], res, mask=(r < REP)[:, None] & (col < D)[None, :])
-            if FORM:
-                b = (heads * D + c * 32) // 32
-                store_blocks(tl.reshape(res, [REP_P, 2, 16]), b, r < REP, 0, 0, xh_ptr, xl_ptr, xs_ptr, x16_ptr)
-    cta_barrier()
+    for start in range(lo, hi, BLOCK_S):
+        t = start + t0
+        tmask = t < hi
+        kvmask = tmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
+        sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
+        sc = tl.where(tmask[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    part = heads * NSPLIT + s
+    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part, m_i, mask=hmask)
+    tl.store(l_ptr + part, l_i, mask=hmask)
 
 
 @triton.jit
@@ -258,23 +191,19 @@ def _check_rope_rows(q, k, v, cos, sin, k_cache, v_cache) -> None:
 
 #: ``(BLOCK_S, num_warps)`` of the split kernel where the caller gives none: positions a loop step
 #: and warps a program (``decode_depth.py --tiles`` measures others in the whole model).
-DECODE_TILE = (64, 8)
-DECODE_AHEAD = True
+DECODE_TILE = (64, 4)
 
 
 class SplitKVAttention:
     """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
     ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``). ``form``:
     return an :class:`~minfer_core.weights.Activation` whose ``forms`` also hold the output in
-    ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch).
-    ``cluster`` (compute capability 9.0+): where the head size is a multiple of 32, a KV head's splits
-    (``MAX_CLUSTER`` of them) are one thread-block cluster that combines its partials itself: one
-    launch."""
+    ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch)."""
 
     def __init__(self, block_s: int | None = None, num_warps: int | None = None, pdl: bool = False,
-                 nsplit: int | None = None, dc: int = 32, ch: int = 32, form: bool = False, cluster: bool = False):
+                 nsplit: int | None = None, dc: int = 32, ch: int = 32, form: bool = False):
         self.block_s, self.num_warps = block_s or DECODE_TILE[0], num_warps or DECODE_TILE[1]
-        self.pdl, self.form, self.cluster = pdl, form, cluster
+        self.pdl, self.form = pdl, form
         self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
@@ -300,28 +229,25 @@ class SplitKVAttention:
         if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
             raise ValueError("k/v cache rows must be contiguous in the head dimension")
         q = q.contiguous()
+        nsplit = self.nsplit or n_splits(n_kv, q.device)
         dp = max(16, triton.next_power_of_2(d))
-        cluster = self.cluster and d == dp and d % 32 == 0
-        nsplit = self.nsplit or (MAX_CLUSTER if cluster else n_splits(n_kv, q.device))
         style, kn, vn, cos, sin = 0, q, q, q, q  # the rope pointers, unread without ROPE
         if rope is not None:
             kn, vn, cos, sin, neox = rope
             _check_rope_rows(q, kn, vn, cos, sin, k_cache, v_cache)
             style = 1 if neox else 2
         dc = min(self.dc, dp)
+        o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
         form = self.form and dc == 32 and d % 32 == 0
         xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
-        rep_p = max(16, triton.next_power_of_2(rep))
-        o_part, m_part, l_part = (out,) * 3 if cluster else self._buffers(h, dp, nsplit, q.device)
-        args = (q, k_cache, v_cache, n_valid, o_part, m_part, l_part, kn, vn, cos, sin, out, *xq,
-                k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), LOG2E / math.sqrt(d))
-        meta = dict(REP=rep, REP_P=rep_p, D=d, DP=dp, BLOCK_S=self.block_s, NSPLIT=nsplit, ROPE=style,
-                    AHEAD=DECODE_AHEAD, num_warps=self.num_warps, **launch_args(self.pdl))
-        if cluster:  # slots: the output rows, maxima and sums of the REP_P heads (``_cluster_combine``)
-            launch_split(_attn_split_kernel, n_kv, nsplit, 1, rep_p * dp + 2 * rep_p, True, *args, FORM=form, **meta)
-            return Activation(out, forms={FORM: as_words(*xq)}) if form else out
-        _attn_split_kernel[(n_kv, nsplit)](*args, **meta)
+        _attn_split_kernel[(n_kv, nsplit)](
+            q, k_cache, v_cache, n_valid, o_part, m_part, l_part, kn, vn, cos, sin,
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            LOG2E / math.sqrt(d),
+            REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
+            BLOCK_S=self.block_s, NSPLIT=nsplit, ROPE=style, num_warps=self.num_warps, **launch_args(self.pdl),
+        )
         attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, *xq, H=h, D=d, DP=dp, DC=dc,
                                            NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
                                            num_warps=4, FORM=form, **launch_args(self.pdl))
@@ -365,8 +291,7 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
     if phase == "decode":
         from ..decode import mma_enabled  # the GEMVs that read the output's int8 form
 
-        pdl = pdl_enabled(ctx)  # clusters: compute capability 9.0+, as PDL, and off with it
-        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl, form=mma_enabled(ctx), cluster=pdl),
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)),
                           fuses=("rope_kv",))]
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
