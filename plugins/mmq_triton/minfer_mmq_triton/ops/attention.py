@@ -14,6 +14,9 @@ computed in the kernel from ``n_valid``: ``ceil(n_valid / NSPLIT)`` rounded up t
 short and long contexts both spread over the splits, and a split past ``n_valid`` loads and stores
 nothing. It writes the unnormalized output, the running max and the sum of exponentials (base 2)
 per (head, split).
+With ``rope`` (the candidate fuses ``"rope_kv"``) pass 1 also does the decode RoPE op's work: it
+rotates q on load, and the split holding the new position writes its rotated k and v into the caches
+and takes that position from registers (one launch a layer fewer).
 Pass 2, grid ``(H, DP / DC)``: each program rescales the active splits of one head to a common max
 for a ``DC``-wide slice of the head dimension, and divides.
 
