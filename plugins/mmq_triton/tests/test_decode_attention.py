@@ -20,7 +20,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minfer_core.weights import Activation  # noqa: E402
 from minfer_mmq_triton.ops.attention import LABEL, attention_candidates  # noqa: E402
 
 TOL = 2e-3
@@ -188,7 +187,7 @@ def test_splitkv_other_tiles(block_s, warps):
 
 # -- RoPE and the new row's K/V write in the split kernel (``Candidate.fuses`` ``"rope_kv"``) --------
 
-def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device, fn=None):
+def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device):
     """Unrotated q, k, v of position ``nv - 1`` (a fused qkv row's views): the output matches the float64
     oracle on q and k rotated by float64 RoPE, row ``nv - 1`` of the caches holds rotated k (within a
     float16 ulp) and v, and no other row changes."""
@@ -197,7 +196,6 @@ def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device, fn=None):
     gen = torch.Generator(device=device).manual_seed(h * d + ctx + neox)
     (c,) = attention_candidates("decode", None)
     assert "rope_kv" in c.fuses
-    fn = fn or c.fn
     for nv in nvs:
         qkv = torch.randn((h + 2 * hkv) * d, generator=gen, device=device)
         q, k, v = qkv.split([h * d, hkv * d, hkv * d])
@@ -205,8 +203,8 @@ def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device, fn=None):
         cos, sin = ang.cos(), ang.sin()
         _, k_cache, v_cache = _inputs(h, hkv, d, ctx, gen, device)
         k_old, v_old = k_cache.clone(), v_cache.clone()
-        out = fn(q, k_cache, v_cache, torch.tensor(nv, dtype=torch.int32, device=device), rope=(k, v, cos, sin, neox))
-        out = out.f32 if isinstance(out, Activation) else out
+        out = c.fn(q, k_cache, v_cache, torch.tensor(nv, dtype=torch.int32, device=device),
+                   rope=(k, v, cos, sin, neox))
         c64, s64 = cos[0].double(), sin[0].double()
         k_rot = ref_rope(k.double().view(hkv, d), c64, s64, neox)
         assert_f16_within_ulp(k_cache[nv - 1], k_rot)
@@ -230,56 +228,3 @@ def test_splitkv_applies_rope_and_writes_the_new_row(h, hkv, d, ctx, nvs, neox):
 @pytest.mark.parametrize("neox", [True, False])
 def test_splitkv_rope_real_shapes_cuda(neox):
     check_rope_in_attention(28, 4, 128, 4096, (1, 128, 129, 4095, 4096), neox, "cuda")
-
-
-# -- the splits combining their partials themselves (one launch; CUDA) ----------------------------------
-
-def _coop(form=True):
-    from minfer_mmq_triton.ops.attention import SplitKVAttention
-
-    return SplitKVAttention(pdl=True, form=form, coop=True)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("h,hkv,d", [(28, 4, 128), (14, 2, 64)])
-def test_coop_combine_gives_the_two_launch_bits_cuda(h, hkv, d):
-    """The splits' own combine weighs the partials as the second launch does: the same output and
-    ``quant_x.FORM`` bits at lengths inside one split, across a few and across all, against the oracle
-    too; the arrival counters are back at zero after every call."""
-    from minfer_mmq_triton.ops.attention import SplitKVAttention
-    from minfer_mmq_triton.ops.quant_x import FORM
-
-    gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v = _inputs(h, hkv, d, 4096, gen, "cuda")
-    coop, two = _coop(), SplitKVAttention(pdl=True, form=True)
-    for nv in (1, 64, 65, 129, 1000, 4095, 4096):
-        n = torch.tensor(nv, dtype=torch.int32, device="cuda")
-        a, b = coop(q, k, v, n), two(q, k, v, n)
-        assert torch.equal(a.f32, b.f32), nv
-        assert all(torch.equal(x, y) for x, y in zip(a.forms[FORM], b.forms[FORM]))
-        assert rel(a.f32, oracle(q, k, v, nv)) < TOL
-        assert all(not c.any() for c in coop._counters.values())
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("neox", [True, False])
-def test_coop_attention_applies_rope_cuda(neox):
-    check_rope_in_attention(28, 4, 128, 4096, (1, 128, 129, 4095, 4096), neox, "cuda", _coop(form=False))
-
-
-@pytest.mark.cuda
-def test_coop_attention_replays_in_a_cuda_graph_with_a_new_n_valid():
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = _inputs(28, 4, 128, 4096, gen, "cuda")
-    att = _coop()
-    nv = torch.tensor(10, dtype=torch.int32, device="cuda")
-    att(q, k, v, nv)  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = att(q, k, v, nv).f32
-    for n in (1, 700, 4096, 3):
-        nv.fill_(n)
-        for _ in range(3):
-            g.replay()
-        assert rel(out, oracle(q, k, v, n)) < TOL

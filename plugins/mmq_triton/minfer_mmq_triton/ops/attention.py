@@ -51,11 +51,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr,
-    cnt_ptr, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
     REP: tl.constexpr, REP_P: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
     BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr = 0,
-    COOP: tl.constexpr = False, CH: tl.constexpr = 32, FORM: tl.constexpr = False,
 ):
     """Pass 1 (module docstring). ``ROPE`` 1 (neox) or 2 (normal): ``q`` is this token's unrotated row
     and ``kn``/``vn`` its K/V rows (``cos``/``sin`` the D/2 angles of position ``n_valid - 1``); every
@@ -122,40 +120,6 @@ def _attn_split_kernel(
     tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
     tl.store(m_ptr + part, m_i, mask=hmask)
     tl.store(l_ptr + part, l_i, mask=hmask)
-    if COOP:
-        _coop_combine(o_ptr, m_ptr, l_ptr, cnt_ptr, nv, lo, share, g, s, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
-                      REP, D, DP, NSPLIT, BLOCK_S, CH, FORM)
-
-
-@triton.jit
-def _coop_combine(o_ptr, m_ptr, l_ptr, cnt_ptr, nv, lo, share, g, s, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
-                  REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, NSPLIT: tl.constexpr,
-                  BLOCK_S: tl.constexpr, CH: tl.constexpr, FORM: tl.constexpr):
-    """Pass 2 by the splits themselves: the ``REP * DP / 32`` slices (a head's 32 dimensions) of KV head
-    ``g`` go round the splits that hold positions (``n_act``); each split that has a slice waits until
-    all ``n_act`` have stored their partials (a counter a KV head, ``cnt[g]``), then weighs its slices as
-    :func:`attn_combine_kernel` does (the same sums, so the same bits). The last of them to see the
-    count complete sets both counters back to 0 (``cnt[Hkv + g]`` counts who has seen it). With one
-    split holding every position it only reads its own partials back. Needs every program resident at
-    once (the grid is at most one program a multiprocessor, ``n_splits``)."""
-    n_act = tl.cdiv(nv, share)
-    n_slices: tl.constexpr = REP * (DP // 32)
-    n_wait = tl.minimum(n_act, n_slices)
-    if lo < nv:
-        tl.debug_barrier()  # every thread's partials stored before the arrival
-        if n_act > 1:
-            seen = tl.atomic_add(cnt_ptr + g, 1, sem="acq_rel", scope="gpu") + 1
-            if s < n_wait:
-                while seen < n_act:
-                    seen = tl.atomic_add(cnt_ptr + g, 0, sem="acquire", scope="gpu")
-                tl.debug_barrier()
-                done = tl.atomic_add(cnt_ptr + tl.num_programs(0) + g, 1, sem="relaxed", scope="gpu")
-                if done == n_wait - 1:
-                    tl.atomic_xchg(cnt_ptr + g, 0, sem="relaxed", scope="gpu")
-                    tl.atomic_xchg(cnt_ptr + tl.num_programs(0) + g, 0, sem="relaxed", scope="gpu")
-        for sl in range(s, n_slices, n_act):
-            _combine_slice(o_ptr, m_ptr, l_ptr, nv, g * REP + sl // (DP // 32), sl % (DP // 32), out_ptr,
-                           xh_ptr, xl_ptr, xs_ptr, x16_ptr, D, DP, 32, NSPLIT, BLOCK_S, CH, FORM, ".cg")
 
 
 @triton.jit
@@ -170,39 +134,6 @@ def _weigh(m, l, o, smask, m_all, num, den):
 
 
 @triton.jit
-def _combine_slice(o_ptr, m_ptr, l_ptr, nv, r, c, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
-                   D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
-                   BLOCK_S: tl.constexpr, CH: tl.constexpr, FORM: tl.constexpr, CMOD: tl.constexpr):
-    """Pass 2 of row ``r``, dims ``c*DC ..`` (see :func:`attn_combine_kernel`); ``CMOD`` the partials'
-    cache modifier."""
-    dd = c * DC + tl.arange(0, DC)
-    # every split's max and the first CH splits' partials load together (one round trip); the splits
-    # past the valid positions hold stale values, masked once n_valid is known
-    sp = tl.arange(0, NSPLIT)
-    m_each = tl.load(m_ptr + r * NSPLIT + sp, cache_modifier=CMOD)
-    s = tl.arange(0, CH)
-    m = tl.load(m_ptr + r * NSPLIT + s, cache_modifier=CMOD)
-    l = tl.load(l_ptr + r * NSPLIT + s, cache_modifier=CMOD)
-    o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], cache_modifier=CMOD)
-    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
-    n_act = tl.cdiv(nv, share)  # splits past this one saw no position
-    m_all = tl.max(tl.where(sp < n_act, m_each, float("-inf")), axis=0)
-    num, den = _weigh(m, l, o, s < n_act, m_all, tl.zeros([DC], dtype=tl.float32), tl.zeros([CH], dtype=tl.float32))
-    for c0 in range(CH, n_act, CH):
-        s = c0 + tl.arange(0, CH)
-        smask = s < n_act
-        m = tl.load(m_ptr + r * NSPLIT + s, mask=smask, cache_modifier=CMOD)
-        l = tl.load(l_ptr + r * NSPLIT + s, mask=smask, cache_modifier=CMOD)
-        o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None], cache_modifier=CMOD)
-        num, den = _weigh(m, l, o, smask, m_all, num, den)
-    res = num / tl.sum(den, axis=0)
-    tl.store(out_ptr + r * D + dd, res, mask=dd < D)
-    if FORM:
-        b = (r * D + c * DC) // 32 + tl.arange(0, 1)
-        store_blocks(tl.reshape(res, [1, 2, 16]), b, b >= 0, 0, 0, xh_ptr, xl_ptr, xs_ptr, x16_ptr)
-
-
-@triton.jit
 def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
                         H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, DC: tl.constexpr, NSPLIT: tl.constexpr,
                         BLOCK_S: tl.constexpr, CH: tl.constexpr, PDL: tl.constexpr, FORM: tl.constexpr = False):
@@ -213,9 +144,32 @@ def attn_combine_kernel(o_ptr, m_ptr, l_ptr, nv_ptr, out_ptr, xh_ptr, xl_ptr, xs
     over the whole output as ``out`` is (block ``(r D + c DC) / 32``)."""
     enter(PDL)
     r = tl.program_id(0)
+    dd = tl.program_id(1) * DC + tl.arange(0, DC)
+    # n_valid, every split's max and the first CH splits' partials load together (one round trip after
+    # the wait); the splits past the valid positions hold stale values, masked once n_valid is known
     nv = tl.load(nv_ptr + r // H)
-    _combine_slice(o_ptr, m_ptr, l_ptr, nv, r, tl.program_id(1), out_ptr, xh_ptr, xl_ptr, xs_ptr, x16_ptr,
-                   D, DP, DC, NSPLIT, BLOCK_S, CH, FORM, "")
+    sp = tl.arange(0, NSPLIT)
+    m_each = tl.load(m_ptr + r * NSPLIT + sp)
+    s = tl.arange(0, CH)
+    m = tl.load(m_ptr + r * NSPLIT + s)
+    l = tl.load(l_ptr + r * NSPLIT + s)
+    o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :])
+    share = tl.cdiv(tl.cdiv(nv, NSPLIT), BLOCK_S) * BLOCK_S
+    n_act = tl.cdiv(nv, share)  # splits past this one saw no position
+    m_all = tl.max(tl.where(sp < n_act, m_each, float("-inf")), axis=0)
+    num, den = _weigh(m, l, o, s < n_act, m_all, tl.zeros([DC], dtype=tl.float32), tl.zeros([CH], dtype=tl.float32))
+    for c0 in range(CH, n_act, CH):
+        s = c0 + tl.arange(0, CH)
+        smask = s < n_act
+        m = tl.load(m_ptr + r * NSPLIT + s, mask=smask)
+        l = tl.load(l_ptr + r * NSPLIT + s, mask=smask)
+        o = tl.load(o_ptr + (r * NSPLIT + s)[:, None] * DP + dd[None, :], mask=smask[:, None])
+        num, den = _weigh(m, l, o, smask, m_all, num, den)
+    res = num / tl.sum(den, axis=0)
+    tl.store(out_ptr + r * D + dd, res, mask=dd < D)
+    if FORM:
+        b = (r * D + tl.program_id(1) * DC) // 32 + tl.arange(0, 1)
+        store_blocks(tl.reshape(res, [1, 2, 16]), b, b >= 0, 0, 0, xh_ptr, xl_ptr, xs_ptr, x16_ptr)
 
 
 def n_splits(n_kv: int, device: torch.device) -> int:
@@ -247,16 +201,14 @@ class SplitKVAttention:
     """The decode attention callable; keeps its partial-result scratch per shape (graph friendly).
     ``pdl``: launch both kernels with programmatic dependent launch (see ``launch.pdl``). ``form``:
     return an :class:`~minfer_core.weights.Activation` whose ``forms`` also hold the output in
-    ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch).
-    ``coop`` (CUDA): the splits combine their partials themselves (:func:`_coop_combine`): one launch."""
+    ``quant_x.FORM``, written by the combine (the int8 GEMVs then skip their quantizing launch)."""
 
     def __init__(self, block_s: int | None = None, num_warps: int | None = None, pdl: bool = False,
-                 nsplit: int | None = None, dc: int = 32, ch: int = 32, form: bool = False, coop: bool = False):
+                 nsplit: int | None = None, dc: int = 32, ch: int = 32, form: bool = False):
         self.block_s, self.num_warps = block_s or DECODE_TILE[0], num_warps or DECODE_TILE[1]
-        self.pdl, self.form, self.coop = pdl, form, coop
+        self.pdl, self.form = pdl, form
         self.nsplit, self.dc, self.ch = nsplit, dc, ch  # None: n_splits() of the device
         self._scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
-        self._counters: dict[tuple, torch.Tensor] = {}  # (Hkv, device) -> 2 Hkv int32, zero between calls
 
     def _buffers(self, h: int, dp: int, nsplit: int, device) -> tuple[torch.Tensor, ...]:
         key = (h, dp, nsplit, str(device))
@@ -292,21 +244,13 @@ class SplitKVAttention:
         out = torch.empty(h * d, dtype=torch.float32, device=q.device)
         form = self.form and dc == 32 and d % 32 == 0
         xq = form_buffers(1, h * d, q.device) if form else (out,) * 4
-        coop = self.coop and dc == 32 and q.device.type == "cuda"
-        key = (n_kv, str(q.device))
-        if coop and key not in self._counters:
-            self._counters[key] = torch.zeros(2 * n_kv, dtype=torch.int32, device=q.device)
         _attn_split_kernel[(n_kv, nsplit)](
             q, k_cache, v_cache, n_valid, o_part, m_part, l_part, kn, vn, cos, sin,
-            self._counters[key] if coop else n_valid, out, *xq,
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
             LOG2E / math.sqrt(d),
             REP=rep, REP_P=max(16, triton.next_power_of_2(rep)), D=d, DP=dp,
-            BLOCK_S=self.block_s, NSPLIT=nsplit, ROPE=style, COOP=coop, CH=min(nsplit, self.ch), FORM=form,
-            num_warps=self.num_warps, **launch_args(self.pdl),
+            BLOCK_S=self.block_s, NSPLIT=nsplit, ROPE=style, num_warps=self.num_warps, **launch_args(self.pdl),
         )
-        if coop:
-            return Activation(out, forms={FORM: as_words(*xq)}) if form else out
         attn_combine_kernel[(h, dp // dc)](o_part, m_part, l_part, n_valid, out, *xq, H=h, D=d, DP=dp, DC=dc,
                                            NSPLIT=nsplit, BLOCK_S=self.block_s, CH=min(nsplit, self.ch),
                                            num_warps=4, FORM=form, **launch_args(self.pdl))
@@ -350,8 +294,7 @@ def attention_candidates(phase: str, ctx) -> list[Candidate]:
     if phase == "decode":
         from ..decode import mma_enabled  # the GEMVs that read the output's int8 form
 
-        coop = ctx is not None and ctx.device.type == "cuda"
-        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx), coop=coop),
+        return [Candidate(PLUGIN, LABEL, SplitKVAttention(pdl=pdl_enabled(ctx), form=mma_enabled(ctx)),
                           fuses=("rope_kv",))]
     if phase == "paged_decode":
         from .paged_attention import paged_candidate
