@@ -221,7 +221,7 @@ def check_rope_in_attention(h, hkv, d, ctx, nvs, neox, device):
     (4, 2, 80, 64, (33,)),  # head dim not a power of two (lanes past it masked)
 ])
 def test_splitkv_applies_rope_and_writes_the_new_row(h, hkv, d, ctx, nvs, neox):
-    check_rope_in_attention(h, hkv, d, ctx, nvs, neox, "cpu" if not torch.cuda.is_available() else "cuda")
+    check_rope_in_attention(h, hkv, d, ctx, nvs, neox, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.cuda
