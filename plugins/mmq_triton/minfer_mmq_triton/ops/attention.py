@@ -42,6 +42,7 @@ from minfer_core.weights import Activation, Candidate
 from ..launch.device import sm_count
 from ..launch.pdl import enabled as pdl_enabled, enter, launch_args
 from .quant_x import FORM, as_words, form_buffers, store_blocks
+from .rope import check_token_rows
 
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.splitkv"
@@ -179,19 +180,6 @@ def n_splits(n_kv: int, device: torch.device) -> int:
     return max(1, min(1 << ((sms // n_kv).bit_length() - 1), 256)) if sms >= n_kv else 1
 
 
-def _check_rope_rows(q, k, v, cos, sin, k_cache, v_cache) -> None:
-    """What ``rope_kv_write`` asks of its inputs, for the split kernel that does its work."""
-    n_kv, d = k_cache.shape[1], k_cache.shape[2]
-    if d % 2:
-        raise ValueError(f"decode attention with RoPE: head size {d} must be even")
-    if v_cache.shape != k_cache.shape or k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16:
-        raise ValueError("decode attention with RoPE: k_cache and v_cache must be float16 (n_ctx, n_kv, D)")
-    for name, t, n in (("q", q, q.numel()), ("k", k, n_kv * d), ("v", v, n_kv * d), ("cos", cos, d // 2),
-                       ("sin", sin, d // 2)):
-        if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != n:
-            raise ValueError(f"decode attention with RoPE: {name} must be float32, contiguous, {n} values")
-
-
 #: ``(BLOCK_S, num_warps)`` of the split kernel where the caller gives none: positions a loop step
 #: and warps a program (``decode_depth.py --tiles`` measures others in the whole model).
 DECODE_TILE = (64, 4)
@@ -237,7 +225,7 @@ class SplitKVAttention:
         style, kn, vn, cos, sin = 0, q, q, q, q  # the rope pointers, unread without ROPE
         if rope is not None:
             kn, vn, cos, sin, neox = rope
-            _check_rope_rows(q, kn, vn, cos, sin, k_cache, v_cache)
+            check_token_rows("decode attention with RoPE", q, kn, vn, cos, sin, k_cache, v_cache)
             style = 1 if neox else 2
         dc = min(self.dc, dp)
         o_part, m_part, l_part = self._buffers(h, dp, nsplit, q.device)

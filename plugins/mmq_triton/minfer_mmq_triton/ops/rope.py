@@ -79,6 +79,25 @@ def _rope_kv_kernel(
         tl.store(vc_ptr + row * stride_vt + h * stride_vh + d, v.to(tl.float16), mask=tm)
 
 
+def check_token_rows(who: str, q, k, v, cos, sin, k_cache, v_cache) -> None:
+    """What a decode step's RoPE + KV write asks of its inputs (``rope_kv_write``, and the decode attention
+    that does its work): float16 caches ``(n_ctx, n_kv, D)`` with contiguous heads, an even D, float32
+    contiguous ``q`` (n_heads * D), ``k`` and ``v`` (n_kv * D), ``cos`` and ``sin`` (D/2). ValueError
+    naming ``who`` otherwise."""
+    _, n_kv, d = k_cache.shape
+    if d % 2 or cos.numel() * 2 != d or sin.numel() * 2 != d:
+        raise ValueError(f"{who}: head size {d} must be even and cos/sin hold D/2")
+    if v_cache.shape != k_cache.shape or k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16:
+        raise ValueError(f"{who}: k_cache and v_cache must be float16 (n_ctx, n_kv, D)")
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
+        raise ValueError(f"{who}: cache heads must be contiguous")
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin)):
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{who}: {name} must be float32 and contiguous")
+    if q.numel() % d or k.numel() != n_kv * d or v.numel() != n_kv * d:
+        raise ValueError(f"{who}: q must hold n_heads*D, k and v n_kv*D")
+
+
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                   neox: bool, pdl: bool = False) -> torch.Tensor:
@@ -90,17 +109,11 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     the host). Writes rotated k to ``k_cache[pos]`` and v to ``v_cache[pos]`` as float16.
     """
     _, n_kv, d = k_cache.shape
-    if cos.numel() * 2 != d or sin.numel() * 2 != d or d & (d - 1):
-        raise ValueError(f"rope_kv_write: head size {d} must be a power of two and cos/sin hold D/2")
-    if v_cache.shape != k_cache.shape or k_cache.dtype != torch.float16 or v_cache.dtype != torch.float16:
-        raise ValueError("rope_kv_write: k_cache and v_cache must be float16 (n_ctx, n_kv, D)")
-    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1:
-        raise ValueError("rope_kv_write: cache heads must be contiguous")
-    for name, t in (("q", q), ("k", k), ("v", v), ("cos", cos), ("sin", sin)):
-        if t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"rope_kv_write: {name} must be float32 and contiguous")
-    if q.numel() % d or k.numel() != n_kv * d or v.numel() != n_kv * d or pos.numel() != 1:
-        raise ValueError("rope_kv_write: q must hold n_heads*D, k and v n_kv*D, pos one index")
+    if d & (d - 1):
+        raise ValueError(f"rope_kv_write: head size {d} must be a power of two")
+    check_token_rows("rope_kv_write", q, k, v, cos, sin, k_cache, v_cache)
+    if pos.numel() != 1:
+        raise ValueError("rope_kv_write: pos must be one index")
     n_heads = q.numel() // d
     q_out = torch.empty(n_heads, d, dtype=torch.float32, device=q.device)
     _rope_kv_kernel[(n_heads + n_kv, 1)](
