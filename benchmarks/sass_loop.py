@@ -3,6 +3,7 @@
     python benchmarks/sass_loop.py [--n 37888 --nt 28] [--configs 8,4,4 16,2,2 ...]
     python benchmarks/sass_loop.py --fused [--configs 16,32,4 64,64,4 ...] [--q6] [--decode float32|bf16x2] [--swap]
     python benchmarks/sass_loop.py --ws [--q6]
+    python benchmarks/sass_loop.py --attn [--configs 64,4,3 64,4,1 128,8,3 ...]
 
 Default, the q4_K int8 decode GEMV: for each ``BN,S,num_warps`` (S = 128-value spans per step) the
 instructions in the main loop's body, its global loads and dp4a instructions, registers per thread,
@@ -10,7 +11,10 @@ and instructions per weight byte per thread. ``--fused``: the fused plane GEMM (
 batched engine's row tiles) for each ``BLOCK_M,BLOCK_N,num_warps``: instructions, global loads and
 tensor-core MMAs per K step (one span: 128 values of q4_K, 256 of q6_K), and instructions per weight
 per thread. ``--ws``: the warp-specialized GEMM's memory, barrier, fence and MMA instructions in
-program order (where its proxy fence's ``MEMBAR`` lands against the loads ahead). The kernel is
+program order (where its proxy fence's ``MEMBAR`` lands against the loads ahead). ``--attn``: the
+decode attention's split kernel (RoPE on, the 7B's heads) for each ``BLOCK_S,num_warps,num_stages``,
+and its combine: registers, spilled stack, shared memory, ``cp.async`` copies (a pipelined loop) and
+global loads. The kernel is
 specialized the way Triton specializes it at a launch (pointers and sizes divisible by 16 marked so),
 with ptxas and cuobjdump from the triton wheel.
 """
@@ -39,7 +43,15 @@ def compile_sass(fn, consts: dict, sizes: dict, warps: int, ptr_types: dict | No
                  **options) -> tuple[str, int]:
     """SASS and registers per thread; pointers are ``*i32`` (INT_PTRS), ``ptr_types[name]``, else ``*fp32``;
     ``types``: any argument's type by name (a Gluon tensor descriptor's); a Gluon kernel compiles as one;
-    ``options``: more compiler options (``maxnreg``)."""
+    ``options``: more compiler options (``maxnreg``, ``num_stages``)."""
+    sass, usage, _ = compile_usage(fn, consts, sizes, warps, ptr_types, types, **options)
+    return sass, usage["REG"]
+
+
+def compile_usage(fn, consts: dict, sizes: dict, warps: int, ptr_types: dict | None = None,
+                  types: dict | None = None, **options) -> tuple[str, dict, dict]:
+    """:func:`compile_sass`'s SASS, cuobjdump's resource usage (``REG``, ``STACK`` bytes a thread, ...)
+    and the compiled kernel's metadata (``shared`` bytes, ``num_stages``)."""
     names = list(inspect.signature(fn.fn).parameters)
     sig = {}
     for n in names:
@@ -55,12 +67,14 @@ def compile_sass(fn, consts: dict, sizes: dict, warps: int, ptr_types: dict | No
              if sig[n].startswith("*") or sizes.get(n, 1) % 16 == 0}
     source = GluonASTSource if isinstance(fn, GluonJITFunction) else triton.compiler.ASTSource
     src = source(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=3, **options))
+    options = dict(num_warps=warps, num_stages=3) | options
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     cubin = Path("/tmp/minfer_sass_loop.cubin")
     cubin.write_bytes(c.asm["cubin"])
     sass = subprocess.run([BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
     res = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
-    return sass, int(re.search(r"REG:(\d+)", res).group(1))
+    usage = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res.splitlines()[-1])}
+    return sass, usage, {"shared": c.metadata.shared, "num_stages": options["num_stages"]}
 
 
 def loop_body(sass: str) -> list[str]:
@@ -124,6 +138,28 @@ def ws(q6: bool) -> None:
     print(" ".join(op if n == 1 else f"{op}x{n}" for op, n in runs))
 
 
+def attn(configs: list[str]) -> None:
+    """The decode attention's two kernels (``ops.attention``) at the 7B's heads (28 query heads over 4 KV heads
+    of 128), specialized as a launch is: the caches' row strides (512, 128 values) divisible by 16."""
+    from minfer_mmq_triton.ops import attention as A
+
+    ptrs = {"k_ptr": "*fp16", "v_ptr": "*fp16", "nv_ptr": "*i32", "xh_ptr": "*i8", "xl_ptr": "*i8"}
+    sizes = dict(stride_kt=512, stride_kh=128, stride_vt=512, stride_vh=128)
+    types = {"qk_scale": "fp32"}
+    nsplit = 32  # A.n_splits on a 132-multiprocessor H200
+    for cfg in configs:
+        bs, warps, stages = (int(v) for v in cfg.split(","))
+        consts = dict(REP=7, REP_P=16, D=128, DP=128, BLOCK_S=bs, NSPLIT=nsplit, PDL=True, ROPE=1)
+        sass, usage, meta = compile_usage(A._attn_split_kernel, consts, sizes, warps, ptrs, types, num_stages=stages)
+        print(f"split BLOCK_S={bs} warps={warps} stages={stages}: {usage['REG']} registers, {usage['STACK']} bytes "
+              f"of stack, {meta['shared']} bytes of shared memory, {sass.count('LDGSTS')} cp.async (LDGSTS), "
+              f"{sass.count('LDG.')} other global loads")
+    consts = dict(H=28, D=128, DP=128, DC=32, NSPLIT=nsplit, BLOCK_S=64, CH=32, PDL=True, FORM=True)
+    sass, usage, meta = compile_usage(A.attn_combine_kernel, consts, {}, 4, ptrs)
+    print(f"combine DC=32 CH=32 warps=4: {usage['REG']} registers, {usage['STACK']} bytes of stack, "
+          f"{meta['shared']} bytes of shared memory, {sass.count('LDG.')} global loads")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=37888, help="rows (default: the 7B's gate|up)")
@@ -136,7 +172,11 @@ def main() -> None:
                     help="with --fused: q4_K's decode (default: the tile's, tiles.fused_bf16_decode)")
     ap.add_argument("--swap", action="store_true", help="with --fused: the weight tile as the MMA's A operand")
     ap.add_argument("--ws", action="store_true", help="the warp-specialized GEMM's loads, barriers and fences in order")
+    ap.add_argument("--attn", action="store_true",
+                    help="the decode attention's kernels (--configs BLOCK_S,num_warps,num_stages; default 64,4,3)")
     args = ap.parse_args()
+    if args.attn:
+        return attn(args.configs or ["64,4,3"])
     if args.ws:
         return ws(args.q6)
     if args.fused:
