@@ -50,6 +50,34 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def attend_tile(q, k_ptr, v_ptr, row, stride_kt, stride_vt, k_head, v_head, dd, tmask, dmask, m_i, l_i, acc):
+    """One tile of the online softmax over cache rows ``row`` [BLOCK_S] (``tmask`` the valid ones; a row
+    of the head starts at ``k_ptr + row * stride_kt + k_head``, likewise V): the running max ``m_i``, sum
+    of exponentials ``l_i`` (base 2: ``q`` carries log2(e)) and unnormalized output ``acc`` with the tile
+    added. Shared by the single-sequence and the paged split kernels."""
+    kvmask = tmask[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + row[:, None] * stride_kt + k_head + dd[None, :], mask=kvmask, other=0.0)
+    sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
+    sc = tl.where(tmask[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_ptr + row[:, None] * stride_vt + v_head + dd[None, :], mask=kvmask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def store_partials(o_ptr, m_ptr, l_ptr, part, dd, hmask, acc, m_i, l_i, DP: tl.constexpr):
+    """A split's partials of heads ``part`` (rows of the scratch; ``hmask`` the heads it stores): the
+    unnormalized output, the running max and the sum, as the combine reads them."""
+    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
+    tl.store(m_ptr + part, m_i, mask=hmask)
+    tl.store(l_ptr + part, l_i, mask=hmask)
+
+
+@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, nv_ptr, o_ptr, m_ptr, l_ptr, kn_ptr, vn_ptr, cos_ptr, sin_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, qk_scale,
@@ -106,21 +134,9 @@ def _attn_split_kernel(
     for start in range(lo, hi, BLOCK_S):
         t = start + t0
         tmask = t < hi
-        kvmask = tmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + t[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-        sc = tl.dot(q, tl.trans(k))  # [REP_P, BLOCK_S] f32
-        sc = tl.where(tmask[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + t[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-        m_i = m_new
-    part = heads * NSPLIT + s
-    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
-    tl.store(m_ptr + part, m_i, mask=hmask)
-    tl.store(l_ptr + part, l_i, mask=hmask)
+        m_i, l_i, acc = attend_tile(q, k_ptr, v_ptr, t, stride_kt, stride_vt, g * stride_kh, g * stride_vh, dd, tmask,
+                                    dmask, m_i, l_i, acc)
+    store_partials(o_ptr, m_ptr, l_ptr, heads * NSPLIT + s, dd, hmask, acc, m_i, l_i, DP)
 
 
 @triton.jit

@@ -1,14 +1,16 @@
 """Decode attention for a batch of sequences over a paged KV pool, label ``mmq.attn.paged``.
 
 ``fn(q, k_pages, v_pages, block_tables, seq_lens) -> out``: ``q`` ``(B, H, D)`` (any float dtype),
-the pool of one layer as ``(n_blocks, PAGE, Hkv, D)`` float16 pages (contiguous), ``block_tables`` ``(B, max_blocks)`` int32 (each sequence's blocks in order),
-``seq_lens`` ``(B,)`` int32 (valid positions, the current token's included), ``out`` ``(B, H * D)``
-float32. Shapes alone fix both grids, so a step can be captured in a CUDA graph.
+the pool of one layer as ``(n_blocks, PAGE, Hkv, D)`` float16 pages (contiguous), ``block_tables``
+``(B, max_blocks)`` int32 (each sequence's blocks in order), ``seq_lens`` ``(B,)`` int32 (valid
+positions, the current token's included), ``out`` ``(B, H * D)`` float32. Shapes alone fix both
+grids, so a step can be captured in a CUDA graph.
 
-The same two passes as the single-sequence kernel (:mod:`.attention`), with one more grid axis for
-the sequence: pass 1, grid ``(B * Hkv, NSPLIT)``, spreads each sequence's valid positions over its
-``NSPLIT`` splits and reads each key row through the block table; pass 2, grid ``(B * H, DP / DC)``,
-combines a head's splits (the combine kernel of :mod:`.attention`, shared). ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
+The same two passes as the single-sequence kernel (:mod:`.attention`, whose tile step and partials'
+store it shares), with one more grid axis for the sequence: pass 1, grid ``(B * Hkv, NSPLIT)``,
+spreads each sequence's valid positions over its ``NSPLIT`` splits and reads each key row through the
+block table; pass 2, grid ``(B * H, DP / DC)``, combines a head's splits (the combine kernel of
+:mod:`.attention`, shared). ``NSPLIT`` is fixed per instance, never derived from ``B``: a sequence's
 result is the same bits whatever else is in the batch (batch invariance).
 """
 
@@ -23,7 +25,7 @@ import triton.language as tl
 from minfer_core.weights import Candidate
 
 from ..launch.pdl import enter, launch_args
-from .attention import attn_combine_kernel
+from .attention import attend_tile, attn_combine_kernel, store_partials
 
 PLUGIN = "mmq_triton"
 LABEL = "mmq.attn.paged"
@@ -70,21 +72,9 @@ def _paged_split_kernel(
         tmask = t < hi
         page = tl.load(bt_ptr + b * stride_bt + t // PAGE, mask=tmask, other=0)
         row = page.to(tl.int64) * PAGE + t % PAGE
-        kvmask = tmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + row[:, None] * stride_kt + g * stride_kh + dd[None, :], mask=kvmask, other=0.0)
-        sc = tl.dot(q, tl.trans(k))
-        sc = tl.where(tmask[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + row[:, None] * stride_vt + g * stride_vh + dd[None, :], mask=kvmask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-        m_i = m_new
-    part = (b * HKV * REP + heads) * NSPLIT + s
-    tl.store(o_ptr + part[:, None] * DP + dd[None, :], acc, mask=hmask[:, None])
-    tl.store(m_ptr + part, m_i, mask=hmask)
-    tl.store(l_ptr + part, l_i, mask=hmask)
+        m_i, l_i, acc = attend_tile(q, k_ptr, v_ptr, row, stride_kt, stride_vt, g * stride_kh, g * stride_vh, dd,
+                                    tmask, dmask, m_i, l_i, acc)
+    store_partials(o_ptr, m_ptr, l_ptr, (b * HKV * REP + heads) * NSPLIT + s, dd, hmask, acc, m_i, l_i, DP)
 
 
 class PagedDecodeAttention:
