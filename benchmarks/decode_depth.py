@@ -3,9 +3,10 @@ whole-model tgN after an N-token prompt, alone and after prompt tests in the sam
 
     python benchmarks/decode_depth.py MODEL.gguf [--depths 0,1024,4096] [-n 128] [--parts ...]
 
-Part 1 times ``SplitKVAttention`` on one layer's cache (the model's head layout) for each valid
-length, for a few BLOCK_S / warps / split counts, and prints microseconds and the K/V bytes read
-per second. Part 2 prints tgN at each depth (prompt untimed). Part 3 repeats tgN at depth 0 after
+Part 1 times ``SplitKVAttention`` on ``--layers`` layers' caches in turn (the model's head layout;
+by default as many as the model has, so that K/V come from HBM as in a decode step: one layer's
+cache, 2-17 MB, stays in L2 across calls) for each valid length, for a few BLOCK_S / warps / split
+counts, and prints microseconds a layer and the K/V bytes read per second. Part 2 prints tgN at each depth (prompt untimed). Part 3 repeats tgN at depth 0 after
 pp512 and pp3314 have run, then after a 3 s pause, with the SM clock before each, to find what a
 figure inherits from the tests before it. Part ``paged`` times the batched engine's paged
 attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count, BLOCK_S and
@@ -48,15 +49,16 @@ def time_cuda(fn, iters: int = 200) -> float:
     return (time.perf_counter() - t0) / (5 * iters) * 1e6
 
 
-def attention_alone(cfg, depths: list[int], n_ctx: int) -> None:
+def attention_alone(cfg, depths: list[int], n_ctx: int, layers: int) -> None:
     from minfer_mmq_triton.ops import attention as A
 
     h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     dev = torch.device("cuda")
     q = torch.randn(h, d, device=dev)
-    k = torch.randn(n_ctx, hkv, d, device=dev, dtype=torch.float16)
-    v = torch.randn(n_ctx, hkv, d, device=dev, dtype=torch.float16)
-    print(f"## attention alone: H={h} Hkv={hkv} D={d}, cache {n_ctx} rows")
+    ks = [torch.randn(n_ctx, hkv, d, device=dev, dtype=torch.float16) for _ in range(layers)]
+    vs = [torch.randn(n_ctx, hkv, d, device=dev, dtype=torch.float16) for _ in range(layers)]
+    print(f"## attention alone: H={h} Hkv={hkv} D={d}, cache {n_ctx} rows, {layers} layers' caches in turn "
+          "(us a layer)")
     print("| n_valid | block_s | warps | nsplit | dc | ch | us | GB/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     configs = [(64, 4, None, 32, 16), (64, 4, 128, 128, 16), (64, 4, 64, 32, 16), (64, 4, 32, 32, 16),
@@ -65,7 +67,7 @@ def attention_alone(cfg, depths: list[int], n_ctx: int) -> None:
         nvt = torch.tensor(max(nv, 1), dtype=torch.int32, device=dev)
         for bs, nw, ns, dc, ch in configs:
             att = A.SplitKVAttention(block_s=bs, num_warps=nw, nsplit=ns, dc=dc, ch=ch)
-            us = time_cuda(lambda: att(q, k, v, nvt))
+            us = time_cuda(lambda: [att(q, k, v, nvt) for k, v in zip(ks, vs)], max(1, 200 // layers)) / layers
             used = ns or A.n_splits(hkv, dev)
             gbs = max(nv, 1) * hkv * d * 2 * 2 / us / 1e3
             print(f"| {nv} | {bs} | {nw} | {used} | {dc} | {ch} | {us:.2f} | {gbs:.0f} |")
@@ -134,6 +136,8 @@ def main() -> None:
     ap.add_argument("--depths", default="0,1024,4096")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--parts", default="attention,depth,history", help="which parts to run")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="attention part: caches timed in turn (default: the model's layers; 1: one, L2-warm)")
     ap.add_argument("--tiles", nargs="*", default=[],
                     help="tgN at each depth per BLOCK_S,WARPS of the decode attention (a fresh load each, then the "
                          "first again), instead of the parts")
@@ -144,7 +148,8 @@ def main() -> None:
         return tiles_at_depth(a.model, [tuple(int(v) for v in t.split(",")) for t in a.tiles], depths, a.n)
     eng = Engine.load(a.model, progress=False, n_ctx=max(depths) + a.n + 64)
     if "attention" in parts:
-        attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 8192], max(8192, eng.model.n_ctx))
+        attention_alone(eng.cfg, [1, 512, 1024, 2048, 4096, 4160, 8192], max(8192, eng.model.n_ctx),
+                        a.layers or eng.cfg.n_layers)
     if "paged" in parts:
         paged_alone(eng.cfg, [1, 32, 128], [200, 1024, 4096])
     print("\n## tg at depth")
