@@ -6,11 +6,12 @@ whole-model tgN after an N-token prompt, alone and after prompt tests in the sam
 Part 1 times ``SplitKVAttention`` on ``--layers`` layers' caches in turn (the model's head layout;
 by default as many as the model has, so that K/V come from HBM as in a decode step: one layer's
 cache, 2-17 MB, stays in L2 across calls) for each valid length, for a few BLOCK_S / warps / split
-counts, and prints microseconds a layer and the K/V bytes read per second. Part 2 prints tgN at each depth (prompt untimed). Part 3 repeats tgN at depth 0 after
-pp512 and pp3314 have run, then after a 3 s pause, with the SM clock before each, to find what a
-figure inherits from the tests before it. Part ``paged`` times the batched engine's paged
-attention (``PagedDecodeAttention``) for B sequences of a few lengths, split count, BLOCK_S and
-the combine's dims a program and warps (random block tables, the model's head layout).
+counts, and prints microseconds a layer and the K/V bytes read per second. Part 2 prints tgN at each
+depth (prompt untimed). Part 3 repeats tgN at depth 0 after pp512 and pp3314 have run, then after a
+3 s pause, with the SM clock before each, to find what a figure inherits from the tests before it.
+Part ``paged`` times the batched engine's paged attention (``PagedDecodeAttention``) for B sequences
+of a few lengths, split count, BLOCK_S and the combine's dims a program and warps (random block
+tables, the model's head layout).
 ``--tiles BS,W ...``: tgN at each depth per tile of the decode attention, a fresh load each.
 """
 
