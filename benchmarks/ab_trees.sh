@@ -9,6 +9,11 @@
 #
 # (--save-worktree keeps several uncommitted variants side by side for one call: edit, save, edit again.)
 #
+# With LLAMA_BENCH=/path/to/llama-bench, each round ends with llama-bench on the same arguments (minfer bench
+# takes llama-bench's -m -p -n -d -r; give no others) plus `-fa 1 -ngl 99`, as the side "llama.cpp", so
+# every round's figures have llama.cpp's beside them from the same call; a round where the binary is not
+# there yet (a build still running) has none.
+#
 # The second form runs on the GPU machine after `source benchmarks/gpu_setup.sh` (carry `.carry`). Each
 # process runs outside the repo, so Python imports minfer_core from the tree on PYTHONPATH rather than from
 # the current directory (so give absolute paths in the bench arguments); the first lines printed say
@@ -46,6 +51,13 @@ for tree in "${bases[@]}" "$ROOT"; do
   (cd /tmp && PYTHONPATH=$(path_of "$tree") python -c \
     "import minfer_core, minfer_mmq_triton; print('$side:', minfer_core.__file__, minfer_mmq_triton.__file__)")
 done
+llama() {  # llama ARGS..: llama-bench on the bench arguments (round $r), its rows on one line as run() prints
+  [ -x "${LLAMA_BENCH:-}" ] || return 0
+  "$LLAMA_BENCH" "$@" -fa 1 -ngl 99 2>>"${OUT:-/tmp}/ab_llama.log" |
+    grep -E "^\| .* \| +(pp|tg)" | sed 's/.*| *\(pp\|tg\)/\1/' | tr -s ' ' | tr '\n' ' ' | sed "s/^/llama.cpp r$r: /"
+  echo
+}
 for r in $(seq "$rounds"); do
   for tree in "${bases[@]}" "$ROOT"; do run "$(side_of "$tree")" "$tree" "$r" "$@"; done
+  llama "$@"
 done
