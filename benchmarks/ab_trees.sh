@@ -12,7 +12,7 @@
 # With LLAMA_BENCH=/path/to/llama-bench, each round ends with llama-bench on the same arguments (minfer bench
 # takes llama-bench's -m -p -n -d -r; give no others) plus `-fa 1 -ngl 99`, as the side "llama.cpp", so
 # every round's figures have llama.cpp's beside them from the same call; a round where the binary is not
-# there yet (a build still running) has none.
+# there yet (a build still running) has none. The rounds end with one table of them (`ab_table.py`).
 #
 # The second form runs on the GPU machine after `source benchmarks/gpu_setup.sh` (carry `.carry`). Each
 # process runs outside the repo, so Python imports minfer_core from the tree on PYTHONPATH rather than from
@@ -57,7 +57,9 @@ llama() {  # llama ARGS..: llama-bench on the bench arguments (round $r), its ro
     grep -E "^\| .* \| +(pp|tg)" | sed 's/.*| *\(pp\|tg\)/\1/' | tr -s ' ' | tr '\n' ' ' | sed "s/^/llama.cpp r$r: /"
   echo
 }
+lines="${OUT:-/tmp}/ab_lines.txt"
 for r in $(seq "$rounds"); do
   for tree in "${bases[@]}" "$ROOT"; do run "$(side_of "$tree")" "$tree" "$r" "$@"; done
   llama "$@"
-done
+done | tee "$lines"
+echo; python3 "$(dirname "$0")/ab_table.py" < "$lines"  # the rounds as one table (means, ratios)
