@@ -29,7 +29,7 @@ fi
 if [ "$1" = --save-worktree ]; then
   dest="$ROOT/.carry/ab/$2"
   rm -rf "$dest" && mkdir -p "$dest/benchmarks" && (cd "$ROOT" && tar -c --exclude=__pycache__ $PKGS) |
-    tar -x -C "$dest" && cp "$0" "$dest/benchmarks/" && echo "$dest"
+    tar -x -C "$dest" && cp "$0" "$(dirname "$0")/ab_table.py" "$dest/benchmarks/" && echo "$dest"
   exit $?
 fi
 bases=(); for b in ${1//,/ }; do bases+=("$(cd "$b" && pwd)"); done
