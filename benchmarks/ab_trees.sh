@@ -38,10 +38,13 @@ path_of() {  # the tree's packages ahead of everything else (the carried gguf wh
   local t=$1
   echo "$t:$t/plugins/mmq_triton:$t/plugins/f16_wmma:$t/plugins/cuda_graphs${PYTHONPATH:+:$PYTHONPATH}"
 }
+rows() {  # rows SIDE ROUND < a llama-bench style table: its pp/tg rows on one line, "SIDE rROUND: TEST | t/s | .."
+  grep -E "^\| .* \| +(pp|tg)" | sed 's/.*| *\(pp\|tg\)/\1/' | tr -s ' ' | tr '\n' ' ' | sed "s/^/$1 r$2: /"
+  echo
+}
 run() {  # run SIDE TREE ROUND: one fresh process, its table rows on one line
   (cd /tmp && PYTHONPATH=$(path_of "$2") python -m minfer_core.cli bench "${@:4}" 2>>"${OUT:-/tmp}/ab_$1.log") |
-    grep -E "^\| .* \| (pp|tg)" | sed 's/.*| \(pp\|tg\)/\1/' | tr '\n' ' ' | sed "s/^/$1 r$3: /"
-  echo
+    rows "$1" "$3"
 }
 side_of() {  # a tree's label: "new" for the working tree, "base" for a lone saved tree, else its folder's name
   if [ "$1" = "$ROOT" ]; then echo new; elif [ ${#bases[@]} = 1 ]; then echo base; else basename "$1"; fi
@@ -51,15 +54,13 @@ for tree in "${bases[@]}" "$ROOT"; do
   (cd /tmp && PYTHONPATH=$(path_of "$tree") python -c \
     "import minfer_core, minfer_mmq_triton; print('$side:', minfer_core.__file__, minfer_mmq_triton.__file__)")
 done
-llama() {  # llama ARGS..: llama-bench on the bench arguments (round $r), its rows on one line as run() prints
+llama() {  # llama ROUND ARGS..: llama-bench on the bench arguments, its rows on one line as run() prints them
   [ -x "${LLAMA_BENCH:-}" ] || return 0
-  "$LLAMA_BENCH" "$@" -fa 1 -ngl 99 2>>"${OUT:-/tmp}/ab_llama.log" |
-    grep -E "^\| .* \| +(pp|tg)" | sed 's/.*| *\(pp\|tg\)/\1/' | tr -s ' ' | tr '\n' ' ' | sed "s/^/llama.cpp r$r: /"
-  echo
+  "$LLAMA_BENCH" "${@:2}" -fa 1 -ngl 99 2>>"${OUT:-/tmp}/ab_llama.log" | rows llama.cpp "$1"
 }
 lines="${OUT:-/tmp}/ab_lines.txt"
 for r in $(seq "$rounds"); do
   for tree in "${bases[@]}" "$ROOT"; do run "$(side_of "$tree")" "$tree" "$r" "$@"; done
-  llama "$@"
+  llama "$r" "$@"
 done | tee "$lines"
 echo; python3 "$(dirname "$0")/ab_table.py" < "$lines"  # the rounds as one table (means, ratios)
