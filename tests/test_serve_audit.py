@@ -40,18 +40,16 @@ def req(n: int = 1) -> Request:
 
 
 # -- admission (--max-queue) -------------------------------------------------------------------
-# BatchEngine.submit refuses when `_n_waiting + len(_incoming) >= max_queue`: requests not yet
-# drained into the scheduler count as waiting even when a slot is free for them, and _n_waiting is
-# a snapshot taken at the end of each step, so requests drained at a step's start are not counted
-# until it ends.
+# BatchEngine.submit used to refuse when `_n_waiting + len(_incoming) >= max_queue`: requests not
+# yet drained into the scheduler counted as waiting even when a slot was free for them, and
+# _n_waiting was a snapshot taken at the end of each step, so requests drained at a step's start
+# were not counted until it ended.
 
-@pytest.mark.xfail(strict=True, reason="--max-queue 0 refuses every request, even on an idle server")
 def test_max_queue_zero_still_admits_up_to_parallel(model):
     engine = load_engine(model, n_ctx=N_CTX, parallel=2, max_queue=0)
     engine.submit(req())  # help: "requests waiting beyond --parallel before new ones get 429"
 
 
-@pytest.mark.xfail(strict=True, reason="a burst is refused while slots are free (parallel 2, queue 1: 1 of 3)")
 def test_burst_fills_free_slots_then_the_queue(model):
     engine = load_engine(model, n_ctx=N_CTX, parallel=2, max_queue=1)
     for _ in range(3):  # 2 run, 1 waits: nothing to refuse (no step ran between the submits)
@@ -60,7 +58,6 @@ def test_burst_fills_free_slots_then_the_queue(model):
         engine.submit(req())
 
 
-@pytest.mark.xfail(strict=True, reason="mid-step the queue is counted from a stale snapshot: it overfills")
 def test_queue_bound_holds_while_a_step_runs(model):
     engine = load_engine(model, n_ctx=N_CTX, parallel=1, max_queue=1)
     engine.submit(req(50))
