@@ -260,7 +260,7 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
 async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
     raw = await read_body(http, limit)
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=not_json_number)
         # JSON may escape half a UTF-16 pair (\ud800), which is no character to tokenize or echo
         json.dumps(obj, ensure_ascii=False).encode()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -270,12 +270,19 @@ async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
     except UnicodeEncodeError:
         raise P.APIError(400, "the request body is not valid JSON: a string holds a lone UTF-16 surrogate "
                               "(\\ud800-\\udfff)") from None
+    except ValueError as e:  # NaN / Infinity, or an integer of more digits than int() takes (4300)
+        raise P.APIError(400, f"the request body is not valid JSON: {str(e).split(';')[0]}") from None
     if not isinstance(obj, dict):
         raise P.APIError(400, "the request body must be a JSON object")
     try:
         return model.model_validate(obj)
     except ValidationError as e:
         raise validation_error(e.errors()) from None
+
+
+def not_json_number(name: str):
+    """json.loads' parse_constant: NaN, Infinity and -Infinity are no JSON."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def validation_error(errors) -> P.APIError:

@@ -41,8 +41,8 @@ class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
     # unknown fields are ignored, as OpenAI does; integers and booleans must be JSON's own (no
-    # true for 1, no "3" for 3, no "yes" for true)
-    model_config = ConfigDict(extra="allow")
+    # true for 1, no "3" for 3, no "yes" for true); numbers must be finite (1e999 parses to inf)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str = ""
     max_tokens: Optional[StrictInt] = Field(None, ge=1)
