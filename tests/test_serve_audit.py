@@ -97,7 +97,6 @@ def test_huge_integer_literal_is_400(server):
     assert status == 400, reply
 
 
-@pytest.mark.xfail(strict=True, reason="explicit nulls of nullable OpenAI fields are a 400")
 def test_null_fields_take_their_defaults(server):
     """OpenAI's schema marks these nullable; the openai client sends null for a None argument
     (`temperature=cfg.get("temperature")`); llama-server and vLLM read null as the default."""

@@ -33,11 +33,24 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-class StreamOptions(BaseModel):
+class _NullIsDefault(BaseModel):
+    """A model whose optional fields take their default for an explicit null, as OpenAI's nullable
+    fields do (the openai client sends null for a None argument)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data):
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
+
+class StreamOptions(_NullIsDefault):
     include_usage: StrictBool = False
 
 
-class _Common(BaseModel):
+class _Common(_NullIsDefault):
     """Fields shared by both endpoints."""
 
     # unknown fields are ignored, as OpenAI does; integers and booleans must be JSON's own (no
