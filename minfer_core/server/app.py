@@ -33,8 +33,10 @@ DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its cli
 #: The largest request body: BODY_BASE bytes plus BODY_PER_TOKEN a token of context (a prompt that
 #: fills the context as text, JSON-escaped, or as token ids, stays well under it). Larger: a 413.
 BODY_BASE, BODY_PER_TOKEN = 1 << 20, 256
-#: Prompts of up to INLINE_CHARS characters are tokenized on the event loop (microseconds); longer
-#: ones in a worker thread, so that they hold up no other request nor /health.
+#: Request bodies of up to INLINE_CHARS bytes are parsed on the event loop, and completion prompts of
+#: up to INLINE_CHARS characters tokenized there (microseconds); larger ones in a worker thread, so
+#: that they hold up no other request nor /health. Chats are rendered and tokenized in a worker
+#: thread always: their cost grows with the number of messages as well as their text.
 INLINE_CHARS = 1 << 14
 DRAIN_BYTES = 64 << 20  # the most of a refused body read (and dropped) before the connection closes
 
@@ -128,7 +130,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         if not chat_template:
             raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
                                   "use /v1/completions", param="messages")
-        ids = await off_loop(sum(len(m.text()) for m in body.messages), chat_ids, body)
+        ids = await run_in_threadpool(chat_ids, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(http, body, ids, -1 if limit is None else limit, chat=True)
 
@@ -231,7 +233,7 @@ def sse(obj: dict) -> str:
 
 
 async def off_loop(size: int, fn, *args, **kw):
-    """``fn(*args, **kw)`` for a text of ``size`` characters: in a worker thread when it is long."""
+    """``fn(*args, **kw)`` for a text of ``size`` characters (or bytes): in a worker thread when it is long."""
     return fn(*args, **kw) if size <= INLINE_CHARS else await run_in_threadpool(fn, *args, **kw)
 
 
@@ -258,7 +260,13 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
 
 
 async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
+    """The request body as ``model``: parsed and validated in a worker thread when it is large."""
     raw = await read_body(http, limit)
+    return await off_loop(len(raw), decode_body, raw, model)
+
+
+def decode_body(raw: bytes, model: type[BaseModel]):
+    """``raw`` as ``model``, or a 400 saying what is wrong with it."""
     try:
         obj = json.loads(raw, parse_constant=not_json_number)
         # JSON may escape half a UTF-16 pair (\ud800), which is no character to tokenize or echo
