@@ -115,7 +115,6 @@ def test_405_names_the_allowed_methods(server):
     assert r.status_code == 405 and r.headers.get("allow") == "POST"
 
 
-@pytest.mark.xfail(strict=True, reason="every chunk takes int(time.time()) of its own")
 def test_stream_chunks_share_one_created(model):
     """OpenAI: 'Each chunk has the same timestamp.'"""
     engine = load_engine(model, n_ctx=N_CTX, parallel=1, max_queue=2)

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request as HTTPRequest
@@ -171,18 +172,18 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
                             final.completion_tokens, chat)
 
     async def stream_events(http, stream: Stream, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+        chunk = partial(P.chunk, rid, model_id, chat, created=int(time.time()))  # one timestamp a stream
         if chat:
-            yield sse(P.chunk(rid, model_id, chat, role=True))
+            yield sse(chunk(role=True))
         async for ev in events(http, stream):
             if not ev.finished:
                 if ev.text:
-                    yield sse(P.chunk(rid, model_id, chat, text=ev.text))
+                    yield sse(chunk(text=ev.text))
                 continue
             if ev.finish_reason in P.FINISH:
-                yield sse(P.chunk(rid, model_id, chat, text=ev.text, finish=P.FINISH[ev.finish_reason]))
+                yield sse(chunk(text=ev.text, finish=P.FINISH[ev.finish_reason]))
                 if include_usage:
-                    yield sse(P.chunk(rid, model_id, chat,
-                                      usage_=P.usage(ev.prompt_tokens, ev.completion_tokens)))
+                    yield sse(chunk(usage_=P.usage(ev.prompt_tokens, ev.completion_tokens)))
             else:
                 yield sse(final_error(ev).body())
             yield "data: [DONE]\n\n"

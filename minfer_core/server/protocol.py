@@ -193,11 +193,11 @@ def completion(rid: str, model: str, text: str, finish: str, prompt_tokens: int,
 
 
 def chunk(rid: str, model: str, chat: bool, text: str | None = None, finish: str | None = None,
-          role: bool = False, usage_: dict | None = None) -> dict:
+          role: bool = False, usage_: dict | None = None, created: int | None = None) -> dict:
     """One streamed chunk: a text delta, a final one with ``finish``, or (``usage_``) the usage
-    chunk with no choices."""
+    chunk with no choices. Every chunk of a stream has the same ``created`` (default: now)."""
     out = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-           "created": int(time.time()), "model": model}
+           "created": int(time.time()) if created is None else created, "model": model}
     if usage_ is not None:
         out["choices"], out["usage"] = [], usage_
         return out
