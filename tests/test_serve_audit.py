@@ -109,7 +109,6 @@ def test_null_fields_take_their_defaults(server):
 
 # -- HTTP --------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="the HTTPException handler drops Starlette's headers")
 def test_405_names_the_allowed_methods(server):
     r = httpx.get(server[0] + "/v1/completions")
     assert r.status_code == 405 and r.headers.get("allow") == "POST"

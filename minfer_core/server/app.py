@@ -75,7 +75,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return error_response(P.APIError(e.status_code, str(e.detail), kind))
+        return error_response(P.APIError(e.status_code, str(e.detail), kind, headers=e.headers))  # 405: Allow
 
     # -- endpoints -----------------------------------------------------------------------------
     @app.get("/health")
