@@ -132,7 +132,6 @@ def test_stream_chunks_share_one_created(model):
     assert len(created) == 1, created
 
 
-@pytest.mark.xfail(strict=True, reason="U+2028 / U+2029 / U+0085 go into the SSE line raw")
 def test_sse_lines_survive_splitlines():
     """httpx's iter_lines / aiter_lines (benchmarks/loadgen.py, the tests) split like
     str.splitlines: a raw U+2028 in a chunk's text cuts its JSON in two."""

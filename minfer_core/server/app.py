@@ -229,8 +229,13 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
 
 # -- helpers -----------------------------------------------------------------------------------
 
+#: Line breaks to str.splitlines (so to httpx's iter_lines) that json.dumps leaves raw in strings: escaped
+SSE_ESCAPES = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    """One server-sent event of ``obj``: its JSON on one line, to any line splitter."""
+    return f"data: {json.dumps(obj, ensure_ascii=False).translate(SSE_ESCAPES)}\n\n"
 
 
 async def off_loop(size: int, fn, *args, **kw):
