@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..chat_template import render_chat
 from . import protocol as P
@@ -76,6 +77,11 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     async def _http_error(_, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return error_response(P.APIError(e.status_code, str(e.detail), kind, headers=e.headers))  # 405: Allow
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(http: HTTPRequest, _):
+        log.debug("minfer: %s %s: the client left before its body was read", http.method, http.url.path)
+        return Response(status_code=499)
 
     # -- endpoints -----------------------------------------------------------------------------
     @app.get("/health")
