@@ -182,6 +182,30 @@ def test_client_leaving_mid_body_is_not_an_error(server, caplog):
     assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
 
 
+def test_unexpected_error_is_an_openai_500_and_counted(server, monkeypatch):
+    """A fault of the server's own is a 500 with OpenAI's error body, counted in
+    minfer_requests_rejected_total like every other error status."""
+    base, app = server
+
+    def boom():
+        raise RuntimeError("injected")
+
+    before = rejected(base, "500")
+    with monkeypatch.context() as m:
+        m.setattr(app.state.runner.engine, "stats", boom)
+        r = httpx.get(base + "/health")
+    err = r.json()["error"]
+    assert r.status_code == 500 and err["type"] == "server_error" and set(err) == {"message", "type", "param", "code"}
+    assert rejected(base, "500") == before + 1
+
+
+def rejected(base: str, status: str) -> float:
+    """minfer_requests_rejected_total for ``status`` (0 before the first)."""
+    sample = f'minfer_requests_rejected_total{{status="{status}"}} '
+    text = httpx.get(base + "/metrics").text
+    return next((float(ln[len(sample):]) for ln in text.splitlines() if ln.startswith(sample)), 0.0)
+
+
 def post_raw_text(url: str, data: bytes) -> tuple[int, str]:
     """POST ``data`` as is; the status and the reply's text (a 500's body is no JSON)."""
     r = httpx.post(url, content=data, headers={"Content-Type": "application/json"}, timeout=30)

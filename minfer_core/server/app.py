@@ -83,6 +83,11 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         log.debug("minfer: %s %s: the client left before its body was read", http.method, http.url.path)
         return Response(status_code=499)
 
+    @app.exception_handler(Exception)
+    async def _server_error(_, e: Exception):
+        # Starlette sends this reply, then re-raises e for uvicorn to log with its traceback
+        return error_response(P.APIError(500, "the server failed on this request (see its log)", "server_error"))
+
     # -- endpoints -----------------------------------------------------------------------------
     @app.get("/health")
     async def health():
