@@ -1,6 +1,6 @@
-"""Reproductions of the faults found by the audit of ``minfer serve`` (branch audit/serve). Each
-test states the behaviour a client or the --help text expects; each is a strict xfail until its
-fault is fixed, so that the fix flips it to a pass (remove the mark then)."""
+"""Reproductions of the faults found by the audit of ``minfer serve`` (branch audit/serve), kept as
+regression tests since their fixes. Each test states the behaviour a client, OpenAI's docs, HTTP
+or the --help text expects."""
 
 from __future__ import annotations
 
@@ -207,6 +207,6 @@ def rejected(base: str, status: str) -> float:
 
 
 def post_raw_text(url: str, data: bytes) -> tuple[int, str]:
-    """POST ``data`` as is; the status and the reply's text (a 500's body is no JSON)."""
+    """POST ``data`` as is; the status and the reply's text (JSON or not)."""
     r = httpx.post(url, content=data, headers={"Content-Type": "application/json"}, timeout=30)
     return r.status_code, r.text
