@@ -75,7 +75,8 @@ def check_row_tile(n: int, name: str = "row tile") -> None:
 
 
 class QueueFull(Exception):
-    """The request queue is full (or the engine is draining): retry later (HTTP 503)."""
+    """The request queue is full (or the engine is draining): retry later (the server answers 429,
+    or 503 once it drains)."""
 
 
 @dataclass
