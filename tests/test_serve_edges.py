@@ -1,6 +1,7 @@
-"""Reproductions of the faults found by the audit of ``minfer serve`` (branch audit/serve), kept as
-regression tests since their fixes. Each test states the behaviour a client, OpenAI's docs, HTTP
-or the --help text expects."""
+"""``minfer serve`` at its edges: admission under ``--max-queue``, bodies that parse to no valid
+request (non-finite numbers, huge integers, nulls), HTTP details (405's Allow, one ``created`` a
+stream, SSE lines any splitter keeps whole), and work kept off the event loop. Each test states what
+a client, OpenAI's docs, HTTP or the --help text expects."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ BODY = {"model": "tiny", "prompt": "the", "max_tokens": 1}
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return tiny_model(tmp_path_factory.mktemp("serve_audit"))
+    return tiny_model(tmp_path_factory.mktemp("serve_edges"))
 
 
 @pytest.fixture(scope="module")
