@@ -75,7 +75,8 @@ def check_row_tile(n: int, name: str = "row tile") -> None:
 
 
 class QueueFull(Exception):
-    """The request queue is full (or the engine is draining): retry later (HTTP 503)."""
+    """The request queue is full (or the engine is draining): retry later (the server answers 429,
+    or 503 once it drains)."""
 
 
 @dataclass
@@ -195,7 +196,7 @@ class BatchEngine:
         self._cancels: set[str] = set()
         self._draining = False
         self._order = itertools.count()
-        self._n_waiting = 0
+        self._n_open = 0  # requests accepted and not yet finished
         self.tokens_generated_total = 0
         self.prompt_tokens_total = 0
 
@@ -247,7 +248,8 @@ class BatchEngine:
 
     # -- the server's side ---------------------------------------------------------------------
     def submit(self, req: Request) -> str:
-        """Queue a request; its id. Raises QueueFull, or UserError for a prompt that cannot run."""
+        """Queue a request; its id. Raises QueueFull (``max_queue`` requests would wait beyond the
+        ``parallel`` slots), or UserError for a prompt that cannot run."""
         n = len(req.prompt_ids)
         self.engine.check_ids(req.prompt_ids)
         if n >= self.n_ctx:
@@ -256,9 +258,10 @@ class BatchEngine:
         with self._lock:
             if self._draining:
                 raise QueueFull("the server is shutting down")
-            if self._n_waiting + len(self._incoming) >= self.max_queue:
+            if self._n_open >= self.sched.parallel + self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
             self._incoming.append(seq)
+            self._n_open += 1
         self._wake.set()
         return req.id
 
@@ -270,7 +273,8 @@ class BatchEngine:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"queue_depth": self._n_waiting + len(self._incoming), "running": len(self.sched.running),
+            running = len(self.sched.running)
+            return {"queue_depth": max(0, self._n_open - running), "running": running,
                     "kv_blocks_used": self.pool.n_used, "kv_blocks_free": self.pool.n_free,
                     "kv_blocks_total": self.pool.n_blocks, "tokens_generated_total": self.tokens_generated_total,
                     "prompt_tokens_total": self.prompt_tokens_total, "preemptions": self.sched.preemptions,
@@ -337,8 +341,6 @@ class BatchEngine:
                 self._run(work, checked)
             elif self._flight is not None:
                 self._land()
-            with self._lock:
-                self._n_waiting = len(self.sched.waiting)
             return bool(work) or bool(incoming) or bool(cancels) or flight is not None
 
     # -- overlapped decode steps ---------------------------------------------------------------
@@ -575,9 +577,12 @@ class BatchEngine:
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", token_ids: Seq[int] = (),
                 error: Optional[str] = None) -> None:
+        live: _Live = seq.data
+        if not live.finished:
+            with self._lock:
+                self._n_open -= 1
         self.sched.remove(seq)
         self.packer.forget(seq)
-        live: _Live = seq.data
         live.finished = True
         if reason not in ("cancelled", "error"):
             text += live.text.finish()

@@ -239,7 +239,7 @@ def test_context_limit(engine):
 
 def test_cancel_error_and_limits(engine, monkeypatch):
     c = Collect()
-    be = batch(engine, max_queue=2)
+    be = batch(engine, parallel=2, max_queue=0)  # two slots, no queue
     r1, r2, r3 = (c.req(prompt(700 + i, 20), 50, ignore_eos=True) for i in range(3))
     be.submit(r1)
     be.submit(r2)

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request as HTTPRequest
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..chat_template import render_chat
 from . import protocol as P
@@ -33,8 +35,10 @@ DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its cli
 #: The largest request body: BODY_BASE bytes plus BODY_PER_TOKEN a token of context (a prompt that
 #: fills the context as text, JSON-escaped, or as token ids, stays well under it). Larger: a 413.
 BODY_BASE, BODY_PER_TOKEN = 1 << 20, 256
-#: Prompts of up to INLINE_CHARS characters are tokenized on the event loop (microseconds); longer
-#: ones in a worker thread, so that they hold up no other request nor /health.
+#: Request bodies of up to INLINE_CHARS bytes are parsed on the event loop, and completion prompts of
+#: up to INLINE_CHARS characters tokenized there (microseconds); larger ones in a worker thread, so
+#: that they hold up no other request nor /health. Chats are rendered and tokenized in a worker
+#: thread always: their cost grows with the number of messages as well as their text.
 INLINE_CHARS = 1 << 14
 DRAIN_BYTES = 64 << 20  # the most of a refused body read (and dropped) before the connection closes
 
@@ -72,7 +76,17 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return error_response(P.APIError(e.status_code, str(e.detail), kind))
+        return error_response(P.APIError(e.status_code, str(e.detail), kind, headers=e.headers))  # 405: Allow
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(http: HTTPRequest, _):
+        log.debug("minfer: %s %s: the client left before its body was read", http.method, http.url.path)
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def _server_error(_, e: Exception):
+        # Starlette sends this reply, then re-raises e for uvicorn to log with its traceback
+        return error_response(P.APIError(500, "the server failed on this request (see its log)", "server_error"))
 
     # -- endpoints -----------------------------------------------------------------------------
     @app.get("/health")
@@ -128,7 +142,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         if not chat_template:
             raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
                                   "use /v1/completions", param="messages")
-        ids = await off_loop(sum(len(m.text()) for m in body.messages), chat_ids, body)
+        ids = await run_in_threadpool(chat_ids, body)
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await generate(http, body, ids, -1 if limit is None else limit, chat=True)
 
@@ -169,18 +183,18 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
                             final.completion_tokens, chat)
 
     async def stream_events(http, stream: Stream, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+        chunk = partial(P.chunk, rid, model_id, chat, created=int(time.time()))  # one timestamp a stream
         if chat:
-            yield sse(P.chunk(rid, model_id, chat, role=True))
+            yield sse(chunk(role=True))
         async for ev in events(http, stream):
             if not ev.finished:
                 if ev.text:
-                    yield sse(P.chunk(rid, model_id, chat, text=ev.text))
+                    yield sse(chunk(text=ev.text))
                 continue
             if ev.finish_reason in P.FINISH:
-                yield sse(P.chunk(rid, model_id, chat, text=ev.text, finish=P.FINISH[ev.finish_reason]))
+                yield sse(chunk(text=ev.text, finish=P.FINISH[ev.finish_reason]))
                 if include_usage:
-                    yield sse(P.chunk(rid, model_id, chat,
-                                      usage_=P.usage(ev.prompt_tokens, ev.completion_tokens)))
+                    yield sse(chunk(usage_=P.usage(ev.prompt_tokens, ev.completion_tokens)))
             else:
                 yield sse(final_error(ev).body())
             yield "data: [DONE]\n\n"
@@ -226,12 +240,17 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
 
 # -- helpers -----------------------------------------------------------------------------------
 
+#: Line breaks to str.splitlines (so to httpx's iter_lines) that json.dumps leaves raw in strings: escaped
+SSE_ESCAPES = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    """One server-sent event of ``obj``: its JSON on one line, to any line splitter."""
+    return f"data: {json.dumps(obj, ensure_ascii=False).translate(SSE_ESCAPES)}\n\n"
 
 
 async def off_loop(size: int, fn, *args, **kw):
-    """``fn(*args, **kw)`` for a text of ``size`` characters: in a worker thread when it is long."""
+    """``fn(*args, **kw)`` for a text of ``size`` characters (or bytes): in a worker thread when it is long."""
     return fn(*args, **kw) if size <= INLINE_CHARS else await run_in_threadpool(fn, *args, **kw)
 
 
@@ -258,9 +277,15 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
 
 
 async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
+    """The request body as ``model``: parsed and validated in a worker thread when it is large."""
     raw = await read_body(http, limit)
+    return await off_loop(len(raw), decode_body, raw, model)
+
+
+def decode_body(raw: bytes, model: type[BaseModel]):
+    """``raw`` as ``model``, or a 400 saying what is wrong with it."""
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=not_json_number)
         # JSON may escape half a UTF-16 pair (\ud800), which is no character to tokenize or echo
         json.dumps(obj, ensure_ascii=False).encode()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -270,12 +295,19 @@ async def parse_body(http: HTTPRequest, model: type[BaseModel], limit: int):
     except UnicodeEncodeError:
         raise P.APIError(400, "the request body is not valid JSON: a string holds a lone UTF-16 surrogate "
                               "(\\ud800-\\udfff)") from None
+    except ValueError as e:  # NaN / Infinity, or an integer of more digits than int() takes (4300)
+        raise P.APIError(400, f"the request body is not valid JSON: {str(e).split(';')[0]}") from None
     if not isinstance(obj, dict):
         raise P.APIError(400, "the request body must be a JSON object")
     try:
         return model.model_validate(obj)
     except ValidationError as e:
         raise validation_error(e.errors()) from None
+
+
+def not_json_number(name: str):
+    """json.loads' parse_constant: NaN, Infinity and -Infinity are no JSON."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def validation_error(errors) -> P.APIError:

@@ -33,16 +33,29 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-class StreamOptions(BaseModel):
+class _NullIsDefault(BaseModel):
+    """A model whose optional fields take their default for an explicit null, as OpenAI's nullable
+    fields do (the openai client sends null for a None argument)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data):
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
+
+
+class StreamOptions(_NullIsDefault):
     include_usage: StrictBool = False
 
 
-class _Common(BaseModel):
+class _Common(_NullIsDefault):
     """Fields shared by both endpoints."""
 
     # unknown fields are ignored, as OpenAI does; integers and booleans must be JSON's own (no
-    # true for 1, no "3" for 3, no "yes" for true)
-    model_config = ConfigDict(extra="allow")
+    # true for 1, no "3" for 3, no "yes" for true); numbers must be finite (1e999 parses to inf)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str = ""
     max_tokens: Optional[StrictInt] = Field(None, ge=1)
@@ -180,11 +193,11 @@ def completion(rid: str, model: str, text: str, finish: str, prompt_tokens: int,
 
 
 def chunk(rid: str, model: str, chat: bool, text: str | None = None, finish: str | None = None,
-          role: bool = False, usage_: dict | None = None) -> dict:
+          role: bool = False, usage_: dict | None = None, created: int | None = None) -> dict:
     """One streamed chunk: a text delta, a final one with ``finish``, or (``usage_``) the usage
-    chunk with no choices."""
+    chunk with no choices. Every chunk of a stream has the same ``created`` (default: now)."""
     out = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-           "created": int(time.time()), "model": model}
+           "created": int(time.time()) if created is None else created, "model": model}
     if usage_ is not None:
         out["choices"], out["usage"] = [], usage_
         return out
