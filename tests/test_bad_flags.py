@@ -160,6 +160,23 @@ def test_closed_stdout_is_not_an_error(tiny):
     assert p.wait(timeout=120) == 0 and err == "", err
 
 
+def test_reader_gone_mid_generation_ends_quietly(tiny, tmp_path):
+    # like `minfer run ... | head -c 2`: the reader leaves while tokens stream; the next write ends the
+    # command (status 0, nothing on stderr) instead of generating on
+    argv = ["--backend", "reference", "run", "-m", str(tiny), "-p", "ab", "-n", "400", "--temp", "0"]
+    with open(tmp_path / "err", "w+b") as err:
+        p = subprocess.Popen(MINFER + argv, stdout=subprocess.PIPE, stderr=err)
+        try:
+            assert p.stdout.read(2) == b"ab"
+            p.stdout.close()
+            status = p.wait(timeout=60)
+        finally:
+            p.kill()
+            p.wait()
+        err.seek(0)
+        assert status == 0 and err.read() == b"", (status, err)
+
+
 def _interrupt_after(argv: list[str], marker: str, delay: float, stdin=None) -> subprocess.CompletedProcess:
     """Start minfer with -X importtime (each finished import is a line on stderr), send SIGINT
     ``delay`` seconds after the import of ``marker`` finished, and collect the result."""
