@@ -128,3 +128,13 @@ def test_bench_and_parity_on_a_tiny_model(tiny):
                  "--config", "backend=reference,MINFER_MMQ=0")
     assert par.returncode == 0, par.stderr
     assert par.stdout.count("identical") == 2
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tiny):
+    # as minfer run, pull and synth: a bar's carriage returns only on a terminal, not in a log file
+    bench = minfer("--backend", "reference", "bench", "-m", str(tiny), "-p", "16", "-n", "0", "-r", "1")
+    parity = minfer("parity", "-m", str(tiny), "-n", "2", "--config", "backend=reference",
+                    "--config", "backend=reference")
+    for res in (bench, parity):
+        assert res.returncode == 0, res.stderr
+        assert "\r" not in res.stderr and "load:" not in res.stderr, res.stderr

@@ -75,7 +75,7 @@ def run(args) -> int:
                               gpu_memory=args.gpu_memory, block_size=args.block_size,
                               backend=getattr(args, "backend", None), policy=getattr(args, "policy", None),
                               blocked=blocked_plugins(args), device=getattr(args, "device", None),
-                              trace_plugins=getattr(args, "trace_plugins", False))
+                              trace_plugins=getattr(args, "trace_plugins", False), progress=sys.stderr.isatty())
     template = open_gguf(path).metadata.get("tokenizer.chat_template")
     model_id = args.served_model_name or path.stem
     log(engine.memory_plan())
