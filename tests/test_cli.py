@@ -138,3 +138,15 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(tiny):
     for res in (bench, parity):
         assert res.returncode == 0, res.stderr
         assert "\r" not in res.stderr and "load:" not in res.stderr, res.stderr
+
+
+def test_parity_refuses_what_does_not_fit_or_is_not_utf8(tiny):
+    # the tiny model holds 512 tokens: a stream that cannot fit is a user error, not 'context full'
+    res = minfer("parity", "-m", str(tiny), "-n", "600", "--config", "backend=reference",
+                 "--config", "backend=reference")
+    assert_one_line_error(res, "-n 600", "512")
+    assert_one_line_error(minfer("parity", "-m", str(tiny), "-n", "600", "--batch", "2"), "-n 600", "512")
+    bad = subprocess.run([sys.executable.encode(), b"-m", b"minfer_core.cli", b"parity", b"-m", str(tiny).encode(),
+                          b"-p", b"caf\xe9"], capture_output=True)
+    err = bad.stderr.decode()
+    assert bad.returncode == 2 and err.count("\n") == 1 and "not valid UTF-8 (byte 0xe9" in err, err
