@@ -209,3 +209,10 @@ def test_ctrl_c_at_any_moment_is_one_line(tiny, marker, delay):
 def test_tokenize_output_is_still_json(tiny):
     res = subprocess.run(MINFER + ["tokenize", "-m", str(tiny), "the"], capture_output=True, text=True)
     assert res.returncode == 0 and isinstance(json.loads(res.stdout), list)
+
+
+@pytest.mark.parametrize("sources", [["x", "--stdin"], ["x", "-f", "t.txt"], ["--stdin", "-f", "t.txt"]])
+def test_tokenize_takes_one_text_source(capsys, sources):
+    # llama-tokenize: --stdin, --file and --prompt are mutually exclusive (and minfer run: -p or -f)
+    assert main(["tokenize", "-m", "unused.gguf", *sources]) == 2
+    one_line(capsys, 2, "TEXT, -f FILE and --stdin")
