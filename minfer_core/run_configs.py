@@ -8,6 +8,7 @@ environment overrides applied only while the engine loads (gates are resolved on
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -65,7 +66,8 @@ def applied(cfg: RunConfig):
 
 
 def load_under(cfg: RunConfig, path, args, n_ctx: int):
-    """Load the model under ``cfg`` plus the command's global plugin options (``--backend``, ...)."""
+    """Load the model under ``cfg`` plus the command's global plugin options (``--backend``, ...); a
+    progress bar only on a terminal, as ``minfer run`` shows it."""
     from .cli import blocked_plugins
     from .engine import Engine
 
@@ -73,4 +75,4 @@ def load_under(cfg: RunConfig, path, args, n_ctx: int):
         return Engine.load(path, backend=cfg.backend or getattr(args, "backend", None),
                            policy=getattr(args, "policy", None), blocked=blocked_plugins(args) + cfg.blocked,
                            device=getattr(args, "device", None), n_ctx=n_ctx,
-                           trace_plugins=getattr(args, "trace_plugins", False))
+                           trace_plugins=getattr(args, "trace_plugins", False), progress=sys.stderr.isatty())

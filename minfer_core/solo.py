@@ -36,22 +36,28 @@ def generate(be: BatchEngine, ids: Sequence[int], n_predict: int = -1, sampling:
              sampler: Optional[Sampler] = None) -> Generation:
     """Continue ``ids`` as :meth:`Engine.generate <minfer_core.engine.Engine.generate>` does (same
     arguments and result), as a request of ``be``; timings go to ``be.engine.timings`` and the number
-    of prompt tokens actually run to ``be.engine.last_prefill``."""
+    of prompt tokens actually run to ``be.engine.last_prefill``. An exception from ``on_text`` (a closed
+    stdout) cancels the request and is raised here, as ``Engine.generate`` lets it through."""
     engine, out, ended = be.engine, Generation(), []
     marks: list[float] = []
+    failed: list[Exception] = []  # what on_text raised (a closed stdout): the request is cancelled, then it is raised
     silent = n_predict == 0  # the prompt only: its one sampled token is dropped
 
     def on_event(ev: Event) -> None:
+        if ev.finished:
+            ended.append(ev)
         if not marks:
             marks.append(time.perf_counter())  # the first token is sampled: the prompt is done
         if not silent:
             out.tokens.extend(ev.token_ids)
             if ev.text:
                 out.text += ev.text
-                if on_text:
-                    on_text(ev.text)
-        if ev.finished:
-            ended.append(ev)
+                if on_text and not failed:
+                    try:
+                        on_text(ev.text)
+                    except Exception as e:  # the caller's, not the engine's: stop and hand it back
+                        failed.append(e)
+                        be.cancel(ev.request_id)
 
     hits = be.pool.hits
     t0 = time.perf_counter()
@@ -59,6 +65,8 @@ def generate(be: BatchEngine, ids: Sequence[int], n_predict: int = -1, sampling:
                       stop=tuple(stop), on_event=on_event, sampler=sampler))
     while not ended:
         be.step()
+    if failed:
+        raise failed[0]
     t2 = time.perf_counter()
     ev = ended[0]
     if ev.finish_reason == "error":

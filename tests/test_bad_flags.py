@@ -160,6 +160,23 @@ def test_closed_stdout_is_not_an_error(tiny):
     assert p.wait(timeout=120) == 0 and err == "", err
 
 
+def test_reader_gone_mid_generation_ends_quietly(tiny, tmp_path):
+    # like `minfer run ... | head -c 2`: the reader leaves while tokens stream; the next write ends the
+    # command (status 0, nothing on stderr) instead of generating on
+    argv = ["--backend", "reference", "run", "-m", str(tiny), "-p", "ab", "-n", "400", "--temp", "0"]
+    with open(tmp_path / "err", "w+b") as err:
+        p = subprocess.Popen(MINFER + argv, stdout=subprocess.PIPE, stderr=err)
+        try:
+            assert p.stdout.read(2) == b"ab"
+            p.stdout.close()
+            status = p.wait(timeout=60)
+        finally:
+            p.kill()
+            p.wait()
+        err.seek(0)
+        assert status == 0 and err.read() == b"", (status, err)
+
+
 def _interrupt_after(argv: list[str], marker: str, delay: float, stdin=None) -> subprocess.CompletedProcess:
     """Start minfer with -X importtime (each finished import is a line on stderr), send SIGINT
     ``delay`` seconds after the import of ``marker`` finished, and collect the result."""
@@ -192,3 +209,10 @@ def test_ctrl_c_at_any_moment_is_one_line(tiny, marker, delay):
 def test_tokenize_output_is_still_json(tiny):
     res = subprocess.run(MINFER + ["tokenize", "-m", str(tiny), "the"], capture_output=True, text=True)
     assert res.returncode == 0 and isinstance(json.loads(res.stdout), list)
+
+
+@pytest.mark.parametrize("sources", [["x", "--stdin"], ["x", "-f", "t.txt"], ["--stdin", "-f", "t.txt"]])
+def test_tokenize_takes_one_text_source(capsys, sources):
+    # llama-tokenize: --stdin, --file and --prompt are mutually exclusive (and minfer run: -p or -f)
+    assert main(["tokenize", "-m", "unused.gguf", *sources]) == 2
+    one_line(capsys, 2, "TEXT, -f FILE and --stdin")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from minfer_core.cli import main
 from minfer_core.throughput import time_gen, time_prompt
 from minfer_core.engine import Engine
 from test_cli import minfer
@@ -28,3 +31,24 @@ def test_bench_depth_rows(tmp_path):
     assert [r["test"] for r in json.loads(res.stdout)] == ["pp16", "pp16 @ d24", "tg4", "tg4 @ d24"]
     bad = minfer("bench", "-m", model, "-d", "-5")
     assert bad.returncode == 2 and "-d" in bad.stderr
+
+
+@pytest.mark.parametrize("argv,need", [
+    (["-p", "8", "-n", "0", "-d", "600"], "608"),  # llama-bench's context: depth + the test's tokens
+    (["-p", "600", "-n", "4"], "600"),
+    (["-p", "500", "-n", "100", "--batch", "1"], None),
+])
+def test_lengths_beyond_the_model_context_are_refused(tmp_path, capsys, argv, need):
+    # as an explicit -c over the model's context is: one line, status 2 (the tiny model has 512 tokens)
+    model = str(build(tmp_path))
+    assert main(["--backend", "reference", "bench", "-m", model, "-r", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("minfer: error: ") and err.count("\n") == 1 and "512" in err, err
+    assert need is None or f"{need} tokens" in err
+
+
+def test_lengths_filling_the_model_context_run(tmp_path):
+    res = minfer("--backend", "reference", "bench", "-m", str(build(tmp_path)), "-p", "0", "-n", "256",
+                 "-d", "256", "-r", "1", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    assert [r["test"] for r in json.loads(res.stdout)] == ["tg256 @ d256"]

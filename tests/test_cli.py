@@ -128,3 +128,25 @@ def test_bench_and_parity_on_a_tiny_model(tiny):
                  "--config", "backend=reference,MINFER_MMQ=0")
     assert par.returncode == 0, par.stderr
     assert par.stdout.count("identical") == 2
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tiny):
+    # as minfer run, pull and synth: a bar's carriage returns only on a terminal, not in a log file
+    bench = minfer("--backend", "reference", "bench", "-m", str(tiny), "-p", "16", "-n", "0", "-r", "1")
+    parity = minfer("parity", "-m", str(tiny), "-n", "2", "--config", "backend=reference",
+                    "--config", "backend=reference")
+    for res in (bench, parity):
+        assert res.returncode == 0, res.stderr
+        assert "\r" not in res.stderr and "load:" not in res.stderr, res.stderr
+
+
+def test_parity_refuses_what_does_not_fit_or_is_not_utf8(tiny):
+    # the tiny model holds 512 tokens: a stream that cannot fit is a user error, not 'context full'
+    res = minfer("parity", "-m", str(tiny), "-n", "600", "--config", "backend=reference",
+                 "--config", "backend=reference")
+    assert_one_line_error(res, "-n 600", "512")
+    assert_one_line_error(minfer("parity", "-m", str(tiny), "-n", "600", "--batch", "2"), "-n 600", "512")
+    bad = subprocess.run([sys.executable.encode(), b"-m", b"minfer_core.cli", b"parity", b"-m", str(tiny).encode(),
+                          b"-p", b"caf\xe9"], capture_output=True)
+    err = bad.stderr.decode()
+    assert bad.returncode == 2 and err.count("\n") == 1 and "not valid UTF-8 (byte 0xe9" in err, err

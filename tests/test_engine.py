@@ -169,3 +169,20 @@ def test_token_ids_outside_the_vocabulary_are_refused_and_the_cache_kept(smollm)
     # all but the last token come from the cache (one row re-run: float rounding of another kernel order)
     torch.testing.assert_close(smollm.prefill(ids)[-1], want, rtol=1e-4, atol=1e-3)
     assert smollm.last_prefill == 1
+
+
+def test_on_text_error_cancels_and_is_raised(tiny_qwen2):
+    # a closed stdout under `minfer run`/`chat`: the caller's exception comes back (as Engine.generate
+    # lets it through) and the sequence is freed for the next request
+    engine = Engine.load(tiny_qwen2, backend="reference", device="cpu", n_ctx=256, progress=False)
+    be = solo_engine(engine)
+    ids = engine.tok.encode("ab", add_special=True)
+
+    def closed(text: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        generate(be, ids, 200, GREEDY, on_text=closed)
+    assert not be.sched.running
+    again = generate(be, ids, 4, GREEDY)
+    assert len(again.tokens) <= 4 and again.stop_reason in ("length", "eog")

@@ -11,9 +11,12 @@ from minfer_core.errors import UserError
 @pytest.mark.parametrize("flags,needle", [
     (["--parallel", "0"], "--parallel must be >= 1"),
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
-    (["--gpu-memory", "0"], "--gpu-memory must be > 0"),
+    (["--gpu-memory", "0"], "--gpu-memory"),
     (["--port", "70000"], "--port must be in 0..65535"),
-    (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
+    (["--shutdown-timeout", "nan"], "a finite number"),  # not a silent 0 (max(0.0, nan) is 0.0)
+    (["--gpu-memory", "nan"], "a finite number"),  # int(nan) in the KV pool's sizing
+    (["--gpu-memory", "inf"], "a finite number"),
 ])
 def test_bad_flags(capsys, tmp_path, flags, needle):
     assert main(["serve", "-m", str(tmp_path / "absent.gguf"), *flags]) == 2

@@ -11,7 +11,7 @@ import torch
 from ..errors import UserError
 from ..matmuls import PREFILL_ROWS
 from . import values
-from .common import log
+from .common import check_fits, log
 
 ENGINE_OPTIONS = True
 
@@ -70,7 +70,9 @@ def run(args) -> int:
     configs = [parse_config(s) for s in (specs or ["default"])]
     depths = args.n_depth or [0]
     path = resolve_model(args.model)
-    n_ctx = max(n for _, n in tests) + max(depths) + 16
+    kind, n = max(tests, key=lambda t: t[1])
+    check_fits(path, n + max(depths), f"bench {kind}{n}" + (f" @ d{max(depths)}" if max(depths) else ""))
+    n_ctx = n + max(depths) + 16
     rows = []
     for cfg in configs:
         engine = load_under(cfg, path, args, n_ctx)
@@ -155,6 +157,8 @@ def _run_batched(args, tests) -> int:
     if args.row_tile is not None:
         check_row_tile(args.row_tile, "--row-tile")  # before the model loads
     path = resolve_model(args.model)
+    # each sequence samples tg + 1 tokens after its prompt (the first one ends T_PP)
+    check_fits(path, max(pps) + max(tgs) + 1, f"bench --batch -p {max(pps)} -n {max(tgs)}")
     n_ctx = max(pps) + max(tgs) + 16
     results = []
     for cfg in [parse_config(s) for s in (args.config or ["default"])]:

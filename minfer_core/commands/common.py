@@ -44,14 +44,26 @@ def requested_ctx(args) -> int:
     return args.ctx_size if args.ctx_size is not None else args.ctx_default
 
 
+def model_context(path) -> int:
+    """The model's training context in tokens, from the file's metadata."""
+    from ..model_config import config_from_gguf
+    from ..gguf_file import open_gguf
+
+    return config_from_gguf(open_gguf(path)).ctx_len
+
+
+def check_fits(path, need: int, what: str) -> None:
+    """``what`` needs ``need`` tokens of context: refused before loading when the model has fewer."""
+    limit = model_context(path)
+    if need > limit:
+        raise UserError(f"{what} needs a context of {need} tokens, more than {path}'s {limit}")
+
+
 def check_ctx(args, path) -> None:
     """An explicit -c larger than the model's training context is refused (the default is clamped)."""
     if not args.ctx_size:
         return
-    from ..model_config import config_from_gguf
-    from ..gguf_file import open_gguf
-
-    limit = config_from_gguf(open_gguf(path)).ctx_len
+    limit = model_context(path)
     if args.ctx_size > limit:
         raise UserError(f"-c {args.ctx_size} is more than {path}'s context of {limit} tokens: "
                         f"give -c {limit} or less (0 = the model's)")

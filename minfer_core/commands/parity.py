@@ -20,7 +20,7 @@ def add_parser(sub):
                                    "prompt, and compare every stream (and the prompt's last logits) with the first "
                                    "configuration's. Exit status 1 if any stream differs.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name")
-    p.add_argument("-p", "--prompt", default="The quick brown fox", help="prompt text")
+    p.add_argument("-p", "--prompt", type=values.utf8_text, default="The quick brown fox", help="prompt text")
     p.add_argument("-n", "--n-predict", type=values.count, default=128, help="greedy tokens per configuration (default: 128)")
     p.add_argument("--config", action="append", default=[], metavar="SPEC",
                    help="'default' or KEY=VALUE[,..] (MINFER_* env, backend=NAME, plugin=no:NAME); repeatable; "
@@ -45,6 +45,9 @@ def all_on() -> str:
 def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor, list[float]]:
     """Greedy tokens, the prompt's last logits, and the top-2 logit margin before each token."""
     ids = engine.tok.encode(prompt, add_special=True, parse_special=True)
+    if len(ids) + n > engine.model.n_ctx:  # n_ctx (context_for) holds any prompt unless the model is shorter
+        raise UserError(f"the prompt ({len(ids)} tokens) and -n {n} need a context of {len(ids) + n} tokens, "
+                        f"more than the model's {engine.model.n_ctx}")
     engine.reset()
     logits = engine.prefill(ids)[-1].float().cpu()
     out, margins, cur = [], [], logits
@@ -57,6 +60,12 @@ def greedy_stream(engine, prompt: str, n: int) -> tuple[list[int], torch.Tensor,
             break
         cur = engine.decode(t)
     return out, logits, margins
+
+
+def context_for(prompt: str, n: int) -> int:
+    """Context for ``n`` tokens after the prompt: a token holds one byte of it at least (plus BOS, EOS and
+    a space prefix), and 512 at the least."""
+    return n + max(512, len(prompt.encode("utf-8")) + 4)
 
 
 def run(args) -> int:
@@ -72,7 +81,7 @@ def run(args) -> int:
     results = []
     for spec in specs:
         cfg = parse_config(spec)
-        engine = load_under(cfg, path, args, n_ctx=args.n_predict + 512)
+        engine = load_under(cfg, path, args, n_ctx=context_for(args.prompt, args.n_predict))
         tokens, logits, margins = greedy_stream(engine, args.prompt, args.n_predict)
         results.append((spec, tokens, logits, engine.tok.decode(tokens), margins))
         log(f"parity: {spec}: {len(tokens)} tokens")
@@ -116,7 +125,8 @@ def _run_batched(args) -> int:
     if len(args.config) > 1:
         raise UserError("parity --batch takes at most one --config")
     path = resolve_model(args.model)
-    engine = load_under(parse_config((args.config or ["default"])[0]), path, args, n_ctx=args.n_predict + 512)
+    engine = load_under(parse_config((args.config or ["default"])[0]), path, args,
+                        n_ctx=context_for(args.prompt, args.n_predict))
     ids = engine.tok.encode(args.prompt, add_special=True, parse_special=True)
     single, _, _ = greedy_stream(engine, args.prompt, args.n_predict)
     per_seq = -(-engine.model.n_ctx // 16)

@@ -6,6 +6,7 @@ import logging
 import sys
 
 from ..errors import UserError
+from . import values
 from .common import log
 
 ENGINE_OPTIONS = True
@@ -29,12 +30,12 @@ def add_parser(sub):
                         "single-stream decode kernels")
     p.add_argument("--max-queue", type=int, default=256, metavar="Q",
                    help="requests waiting beyond --parallel before new ones get 429 (default: 256)")
-    p.add_argument("--gpu-memory", type=float, default=None, metavar="FRACTION",
+    p.add_argument("--gpu-memory", type=values.number(0, lo_open=True), default=None, metavar="FRACTION",
                    help="GPU memory for weights + KV pool: a fraction of the device (<= 1) or GiB (> 1) "
                         "(default: 0.9)")
     p.add_argument("--block-size", type=int, default=16, metavar="N", help="KV cache block size in tokens (default: 16)")
     p.add_argument("--served-model-name", metavar="NAME", help="id reported by /v1/models (default: the file's stem)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--shutdown-timeout", type=values.number(0), default=30.0, metavar="S",
                    help="seconds running requests may take to finish after SIGTERM (default: 30)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logs and an access log")
     return p
@@ -75,7 +76,7 @@ def run(args) -> int:
                               gpu_memory=args.gpu_memory, block_size=args.block_size,
                               backend=getattr(args, "backend", None), policy=getattr(args, "policy", None),
                               blocked=blocked_plugins(args), device=getattr(args, "device", None),
-                              trace_plugins=getattr(args, "trace_plugins", False))
+                              trace_plugins=getattr(args, "trace_plugins", False), progress=sys.stderr.isatty())
     template = open_gguf(path).metadata.get("tokenizer.chat_template")
     model_id = args.served_model_name or path.stem
     log(engine.memory_plan())

@@ -24,6 +24,9 @@ def add_parser(sub):
 
 
 def _read_text(args) -> str:
+    """The text from its one source (llama-tokenize: the sources are mutually exclusive)."""
+    if args.stdin + bool(args.file) + (args.text is not None) > 1:
+        raise UserError("give one of TEXT, -f FILE and --stdin")
     if args.stdin:
         return read_text_stream(sys.stdin.buffer, "standard input")
     if args.file:
