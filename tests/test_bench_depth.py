@@ -37,13 +37,15 @@ def test_bench_depth_rows(tmp_path):
     (["-p", "8", "-n", "0", "-d", "600"], "608"),  # llama-bench's context: depth + the test's tokens
     (["-p", "600", "-n", "4"], "600"),
     (["-p", "500", "-n", "100", "--batch", "1"], None),
+    (["-p", "8", "-n", "8", "-d", "600", "--batch", "1"], None),  # --batch has no depth: not silently dropped
 ])
 def test_lengths_beyond_the_model_context_are_refused(tmp_path, capsys, argv, need):
     # as an explicit -c over the model's context is: one line, status 2 (the tiny model has 512 tokens)
     model = str(build(tmp_path))
     assert main(["--backend", "reference", "bench", "-m", model, "-r", "1", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("minfer: error: ") and err.count("\n") == 1 and "512" in err, err
+    assert err.startswith("minfer: error: ") and err.count("\n") == 1, err
+    assert ("-d" in err) if "-d" in argv and "--batch" in argv else ("512" in err), err
     assert need is None or f"{need} tokens" in err
 
 

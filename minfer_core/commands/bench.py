@@ -152,6 +152,8 @@ def _run_batched(args, tests) -> int:
     tgs = [n for k, n in tests if k == "tg"] or [0]
     if not batches or 0 in pps or 0 in tgs:
         raise UserError("--batch needs batch sizes and both -p and -n")
+    if any(args.n_depth or []):
+        raise UserError("-d is for the single-stream tests: --batch runs every sequence from an empty cache")
     if args.prompt_tile is not None and args.prompt_tile < PREFILL_ROWS:
         raise UserError(f"--prompt-tile {args.prompt_tile}: a prompt tile holds at least {PREFILL_ROWS} rows")
     if args.row_tile is not None:

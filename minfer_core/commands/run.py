@@ -39,7 +39,7 @@ def run(args) -> int:
     engine = load_engine(args, trace_dispatch=args.trace_dispatch)
     ids = engine.tok.encode(prompt, add_special=not args.no_bos, parse_special=True)
     if not ids:
-        raise UserError("the prompt is empty and the model adds no BOS token: give -p TEXT")
+        raise UserError("the prompt is empty and the model adds no BOS token: give a prompt (-p TEXT or -f FILE)")
     if len(ids) >= engine.model.n_ctx:
         raise UserError(f"prompt is {len(ids)} tokens, context is {engine.model.n_ctx}: raise -c")
 

@@ -7,7 +7,7 @@ import sys
 
 from ..errors import UserError
 from . import values
-from .common import log
+from .common import check_ctx, log, requested_ctx
 
 ENGINE_OPTIONS = True
 
@@ -19,8 +19,10 @@ def add_parser(sub):
                     "/health, /metrics (Prometheus). Any 'model' name in a request is accepted. SIGTERM "
                     "drains: new requests get 503, running ones finish within --shutdown-timeout, then exit 0.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
-                   help="context size per sequence in tokens (default: 4096; 0 = the model's)")
+    p.add_argument("-c", "--ctx-size", type=values.ctx_size, default=None, metavar="N",
+                   help="context size per sequence in tokens (default: 4096, or the model's if smaller; "
+                        "0 = the model's; more than the model's is an error)")
+    p.set_defaults(ctx_default=4096)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default: 8080; 0 = any free port)")
     p.add_argument("--parallel", "-np", type=int, default=8, metavar="N",
@@ -43,7 +45,7 @@ def add_parser(sub):
 
 def check_args(args) -> None:
     for flag, value, low in (("--parallel", args.parallel, 1), ("--max-queue", args.max_queue, 0),
-                             ("--block-size", args.block_size, 1), ("--ctx-size", args.ctx_size, 0)):
+                             ("--block-size", args.block_size, 1)):
         if value < low:
             raise UserError(f"{flag} must be >= {low}, got {value}")
     if args.gpu_memory is not None and args.gpu_memory <= 0:
@@ -72,7 +74,8 @@ def run(args) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(message)s")
     path = resolve_model(args.model)
-    engine = BatchEngine.load(path, n_ctx=args.ctx_size, parallel=args.parallel, max_queue=args.max_queue,
+    check_ctx(args, path)
+    engine = BatchEngine.load(path, n_ctx=requested_ctx(args), parallel=args.parallel, max_queue=args.max_queue,
                               gpu_memory=args.gpu_memory, block_size=args.block_size,
                               backend=getattr(args, "backend", None), policy=getattr(args, "policy", None),
                               blocked=blocked_plugins(args), device=getattr(args, "device", None),
