@@ -150,3 +150,34 @@ def test_parity_refuses_what_does_not_fit_or_is_not_utf8(tiny):
                           b"-p", b"caf\xe9"], capture_output=True)
     err = bad.stderr.decode()
     assert bad.returncode == 2 and err.count("\n") == 1 and "not valid UTF-8 (byte 0xe9" in err, err
+
+
+def test_prompt_file_is_read_as_llama_cpp_reads_it(tmp_path):
+    """llama.cpp's -f (common/arg.cpp, the "-f/--file" option and read_file) takes the file's bytes as
+    they are and drops one trailing newline: llama-completion's prompt from b"Hello\\r\\nworld\\n\\n" is
+    "Hello\\r\\nworld\\n". minfer read it with newlines translated and the last one kept."""
+    from argparse import Namespace
+
+    from minfer_core.commands.run import read_prompt
+
+    f = tmp_path / "prompt.txt"
+    f.write_bytes(b"Hello\r\nworld\n\n")
+    assert read_prompt(Namespace(prompt=None, file=str(f))) == "Hello\r\nworld\n"
+    f.write_bytes(b"no newline")
+    assert read_prompt(Namespace(prompt=None, file=str(f))) == "no newline"
+
+
+def test_perplexity_file_loses_its_trailing_newline(tiny, tmp_path):
+    """llama-perplexity tokenizes the -f text less one trailing newline (common/arg.cpp, the "-f/--file"
+    option), so a file and the same file plus a final newline give the same windows and figures: 47
+    one-letter tokens make 2 windows of -c 16 (perplexity(): n_chunk_max = tokens / n_ctx), not 3."""
+    text = ("abcdefghijklmnopqrstuvwxyz" * 2)[:47]  # a token a letter in the tiny vocabulary
+    bare, ended = tmp_path / "bare.txt", tmp_path / "ended.txt"
+    bare.write_text(text)
+    ended.write_text(text + "\n")
+    out = [minfer("--backend", "reference", "perplexity", "-m", str(tiny), "-f", str(f), "-c", "16")
+           for f in (bare, ended)]
+    for res in out:
+        assert res.returncode == 0, res.stderr
+    assert out[0].stdout.startswith("[1]") and "[2]" in out[0].stdout and "[3]" not in out[0].stdout
+    assert out[1].stdout == out[0].stdout

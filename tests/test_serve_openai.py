@@ -152,6 +152,7 @@ def test_errors(client, server):
 @pytest.mark.parametrize("field, value", [
     ("seed", 1 << 64), ("seed", -2), ("seed", 1.5),  # a seed torch cannot take was a 500
     ("max_tokens", True), ("max_tokens", "3"), ("stream", "yes"), ("ignore_eos", 1), ("prompt", [True, 2]),
+    ("repeat_last_n", -2), ("repeat_last_n", 1.5),
 ])
 def test_field_types_and_ranges(server, field, value):
     """JSON's own integers and booleans only, and seeds in range: each else is a 400 naming the field."""
@@ -221,6 +222,18 @@ def test_sampler_mapping():
     s = CompletionRequest(prompt="x", temperature=0.5, top_p=0.8, top_k=7, min_p=0.1, seed=3).sampler()
     assert s == SamplerConfig(temp=0.5, top_k=7, top_p=0.8, min_p=0.1, repeat_penalty=1.0, seed=3)
     assert CompletionRequest(prompt="x", top_p=0).sampler().greedy
+
+
+def test_repeat_last_n_sets_the_penalty_window():
+    """llama-server takes ``repeat_last_n`` as the repeat penalty's window (tools/server/server-schema.cpp,
+    make_llama_cmpl_schema: field "repeat_last_n" -> sampling.penalty_last_n, default 64 from common.h's
+    common_params_sampling). It was dropped as an unknown field: the window stayed 64 whatever was sent."""
+    from minfer_core.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    assert CompletionRequest(prompt="x", repeat_penalty=1.3, repeat_last_n=256).sampler().repeat_last_n == 256
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], repeat_penalty=1.3, repeat_last_n=0)
+    assert chat.sampler().repeat_last_n == 0
+    assert CompletionRequest(prompt="x").sampler().repeat_last_n == 64
 
 
 def test_loadgen_against_the_server(server, capsys):

@@ -108,6 +108,12 @@ def read_text_file(path: str, what: str, newline: str | None = None) -> str:
         raise UserError(f"{path}: cannot read {what}: {e.strerror or e}") from None
 
 
+def read_prompt_file(path: str, what: str) -> str:
+    """A -f file as llama.cpp's -f reads it: the text as it is (line ends untranslated), less one trailing newline."""
+    text = read_text_file(path, what, newline="")
+    return text[:-1] if text.endswith("\n") else text
+
+
 def read_text_stream(stream, what: str) -> str:
     """All of a binary stream (stdin's buffer) as UTF-8, or a UserError saying where it is not."""
     data = stream.read()

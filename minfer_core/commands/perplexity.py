@@ -6,7 +6,7 @@ import sys
 
 from ..errors import UserError
 from . import values
-from .common import add_model_args, load_engine, log, read_text_file, requested_ctx
+from .common import add_model_args, load_engine, log, read_prompt_file, requested_ctx
 
 ENGINE_OPTIONS = True
 
@@ -16,7 +16,8 @@ def add_parser(sub):
                        description="Cut the tokenized file into -c windows, score the second half of each, and print "
                                    "'Final estimate: PPL = X +/- Y'.")
     add_model_args(p, ctx_default=512)
-    p.add_argument("-f", "--file", required=True, metavar="FILE", help="text file to score")
+    p.add_argument("-f", "--file", required=True, metavar="FILE",
+                   help="text file to score (one trailing newline dropped, as llama-perplexity does)")
     p.add_argument("--chunks", type=values.chunks, default=-1, help="score at most this many windows (default: -1 = all)")
     return p
 
@@ -24,7 +25,7 @@ def add_parser(sub):
 def run(args) -> int:
     from ..perplexity import perplexity
 
-    text = read_text_file(args.file, "text")
+    text = read_prompt_file(args.file, "text")
     if 0 < requested_ctx(args) < 16:
         raise UserError("-c must be at least 16 for perplexity (0 = the model's context)")
     engine = load_engine(args)

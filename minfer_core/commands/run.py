@@ -6,7 +6,7 @@ import sys
 
 from ..errors import UserError
 from . import values
-from .common import add_model_args, add_sampling_args, load_engine, log, read_text_file, sampler_config
+from .common import add_model_args, add_sampling_args, load_engine, log, read_prompt_file, sampler_config
 
 ENGINE_OPTIONS = True
 
@@ -16,7 +16,8 @@ def add_parser(sub):
                        description="Complete a prompt. The text streams to stdout; logs go to stderr.")
     add_model_args(p)
     p.add_argument("-p", "--prompt", type=values.utf8_text, help="prompt text (control tokens such as <|im_start|> are parsed)")
-    p.add_argument("-f", "--file", metavar="FILE", help="read the prompt from a file")
+    p.add_argument("-f", "--file", metavar="FILE",
+                   help="read the prompt from a file (one trailing newline dropped, as llama.cpp does)")
     p.add_argument("--no-bos", action="store_true", help="never prepend BOS")
     p.add_argument("--trace-dispatch", action="store_true", help="print each kernel label and how often it ran (stderr)")
     add_sampling_args(p)
@@ -27,7 +28,7 @@ def read_prompt(args) -> str:
     if args.prompt is not None and args.file:
         raise UserError("give the prompt with -p or -f, not both")
     if args.file:
-        return read_text_file(args.file, "prompt")
+        return read_prompt_file(args.file, "prompt")
     return args.prompt if args.prompt is not None else ""
 
 

@@ -2,7 +2,8 @@
 
 Fields OpenAI defines but minfer cannot honour are accepted only at their neutral value (``n=1``,
 no logprobs, no penalties, no tools); anything else is a 400 naming the field. Extensions beyond
-OpenAI's set, as in llama.cpp's server: ``top_k``, ``min_p``, ``repeat_penalty``, ``ignore_eos``.
+OpenAI's set, as in llama.cpp's server: ``top_k``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``,
+``ignore_eos``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class _Common(_NullIsDefault):
     top_k: StrictInt = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     repeat_penalty: float = Field(1.0, gt=0.0)
+    repeat_last_n: StrictInt = Field(64, ge=-1)  # the penalty's window: 0 = off, -1 = the whole context
     ignore_eos: StrictBool = False
 
     @model_validator(mode="after")
@@ -96,7 +98,7 @@ class _Common(_NullIsDefault):
     def sampler(self) -> SamplerConfig:
         temp = 0.0 if self.top_p == 0 else self.temperature  # top_p -> 0 keeps only the best token
         return SamplerConfig(temp=temp, top_k=self.top_k, top_p=self.top_p or 1.0, min_p=self.min_p,
-                             repeat_penalty=self.repeat_penalty, seed=self.seed)
+                             repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n, seed=self.seed)
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
