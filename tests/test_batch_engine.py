@@ -627,3 +627,37 @@ def test_row_tiles_under_16_rows_are_refused(engine):
     with pytest.raises(UserError, match="row tile 8: a row tile holds at least 16 rows"):
         BatchEngine(engine, parallel=8, max_queue=8, n_blocks=64, row_tile=8, rows=False)
     assert BatchEngine(engine, parallel=8, max_queue=8, n_blocks=64, row_tile=16, rows=False).row_tile == 16
+
+
+def test_a_one_token_prompt_recomputed_after_preemption_attends_in_order(engine):
+    """A sequence preempted after its first generated token of a one-token prompt is recomputed in
+    one step of two single rows: its generated row (rows at generated positions come first) and its
+    prompt row. At a bucket (2 entries) the step takes the all-single attention, which pairs row i
+    with entry i: the entries must be in row order, else each row attends with the other's length
+    (here: position 1 attends to position 0 alone) and the logits are wrong (by ~0.6 before the
+    fix). The same for a prompt of 33 tokens, whose first segment (32) its recompute finds cached."""
+    for ids in ([28], prompt(1100, 33)):
+        want_logits = []
+        want = alone(engine, ids, 6, want_logits, segment=32)
+        c, got = Collect(), {}
+        be = batch(engine, segment=32)
+        r = c.req(ids, 6, ignore_eos=True)
+        be.submit(r)
+        pick = be._greedy_tokens
+
+        def recording(seqs, rows):
+            for seq, row in zip(seqs, rows):
+                got.setdefault(seq.id, []).append(row.clone())
+            return pick(seqs, rows)
+
+        be._greedy_tokens = recording
+        preempted = False
+        while be.step():
+            seq = be.sched.find(r.id)
+            if not preempted and seq is not None and len(seq.tokens) == len(ids) + 1:
+                be.sched.preempt(seq)  # as when the pool runs out
+                preempted = True
+        assert preempted and c.tokens(r.id) == want, ids
+        assert same_logits(got[r.id], want_logits)
+        assert be.pool.n_free == be.pool.n_blocks and be.pool.hits == (2 if len(ids) > 32 else 0)
+
