@@ -661,3 +661,51 @@ def test_a_one_token_prompt_recomputed_after_preemption_attends_in_order(engine)
         assert same_logits(got[r.id], want_logits)
         assert be.pool.n_free == be.pool.n_blocks and be.pool.hits == (2 if len(ids) > 32 else 0)
 
+
+def test_prompt_rows_take_the_prompt_matmuls_in_every_step(engine):
+    """A row at a prompt position multiplies on the prompt matmuls whatever else its step holds:
+    also when every sequence of the step has one row (a one-token prompt among decoding ones, or a
+    prompt's last token after a prefix hit), which must not take the decode-only step (the matmuls
+    of generated positions). On the CPU's reference kernels the two give the same bits, so the
+    prompt matmuls are marked here (their products scaled by 1 + 2**-10): a request's logits then
+    differ by which path its prompt rows took. On a GPU they differ anyway (mmq_triton's row
+    kernels or row tiles against 256-row prompt tiles of bf16 expanded weights)."""
+    from minfer_core.matmuls import Matmuls
+
+    class Marked(Matmuls):
+        def __init__(self, inner):
+            super().__init__(inner.rt)
+            self.inner = inner
+
+        def __call__(self, names, x, *args, **kw):
+            return [y * (1 + 2**-10) for y in self.inner(names, x, *args, **kw)]
+
+    def marked(**kw):
+        be = batch(engine, segment=32, **kw)
+        be.prompt_mm = Marked(be.prompt_mm)
+        return be
+
+    def logits_of(be, arrivals, target):
+        got = {}
+        run(be, arrivals, got)
+        return got[target.id]
+
+    system = prompt(1200, 32)
+    c = Collect()
+    cases = [  # (alone, among others: {step: requests}) with the target last
+        (c.req(system + [7], 6, ignore_eos=True),
+         lambda t: {0: [c.req(system + [9, 9, 9], 30, ignore_eos=True)], 3: [t]}),  # a prefix hit
+        (c.req([5], 6, ignore_eos=True),
+         lambda t: {0: [c.req(prompt(1201, 40), 30, ignore_eos=True)], 3: [t]}),  # among decoding ones
+        (c.req([5], 6, ignore_eos=True),
+         lambda t: {0: [c.req(prompt(1202, 40), 30, ignore_eos=True), t]}),  # beside a prompt
+    ]
+    for lone, among in cases:
+        want = logits_of(marked(), {0: [lone]}, lone)
+        target = c.req(lone.prompt_ids, 6, ignore_eos=True)
+        be = marked()
+        same = same_logits(logits_of(be, among(target), target), want)
+        assert same, f"prompt {lone.prompt_ids[-3:]}: other logits among others than alone"
+        assert c.tokens(target.id) == c.tokens(lone.id)
+    assert be.pool.hits == 0 and be.pool.n_free == be.pool.n_blocks
+
