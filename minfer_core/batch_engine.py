@@ -439,7 +439,10 @@ class BatchEngine:
             if len(work) == 1 and work[0].seq.blocks == list(range(len(work[0].seq.blocks))):
                 return self._run_solo(work[0], checked)
             self.solo_fallbacks += 1
-        decode_only = all(w.end - w.start == 1 for w in work)
+        # one row per sequence, each at a generated position: a row at a prompt position (a one-token
+        # prompt, or a prompt's last token after a prefix hit) takes the prompt matmuls, as it does
+        # in a mixed step (its bits must not depend on what else the step holds)
+        decode_only = all(w.end - w.start == 1 and w.start >= w.seq.n_prompt for w in work)
         try:
             if decode_only and self.overlap and (checked or all(self._overlappable(w.seq) for w in work)):
                 return self._launch(work)

@@ -51,9 +51,9 @@ class Batch:
     sequence and the pool row its K/V go to. The multi-row attention calls: calls (C, 4) int32 (first
     row, row count, first position, row of call_tables), call_tables (S, max_blocks) int32 (their
     sequences' block tables), call_rows the most rows of a call (host int). The single
-    rows, padded to ``bucket(n_single)`` entries: single_rows (E,) int64 (a row of this batch,
-    any row for padding), tables (E, max_blocks) int32 (padding: the scratch block), lens (E,)
-    int32 (position + 1; padding 1); ``n_single`` of them are real. logit_rows (L,) int64: the
+    rows, padded to ``bucket(n_single)`` entries: single_rows (E,) int64 (rows of this batch in
+    increasing order, then any row for padding), tables (E, max_blocks) int32 (padding: the scratch
+    block), lens (E,) int32 (position + 1; padding 1); ``n_single`` of them are real. logit_rows (L,) int64: the
     rows whose logits are wanted, in order.
     """
 
@@ -80,7 +80,8 @@ class PagedRows:
 
     def __init__(self, b: Batch, block_size: int, attn):
         self.b, self.block_size, self.attn = b, block_size, attn
-        # decode-only at a bucket: the rows are the paged attention's entries, in order
+        # only single rows, at a bucket: the rows are the paged attention's entries, in order (single_rows
+        # is increasing, so it is 0 .. T-1)
         self.all_single = b.n_single == b.tokens.shape[0] == b.single_rows.shape[0]
 
     def __call__(self, model, i: int, q, k, v, cos, sin) -> torch.Tensor:

@@ -93,6 +93,11 @@ class StepPacker:
             if w.end == len(seq.tokens):
                 logit_rows.append(row(w.end - 1))
                 sampled.append(k)
+        # in row order: a step of single rows only, at a bucket, is then the paged attention's entries
+        # in order (PagedRows.all_single); in work order a sequence's one-row prompt call (e.g. a
+        # one-token prompt recomputed after a preemption) comes before its generated rows, which
+        # come first among the rows
+        singles.sort(key=lambda s: s[0])
         n = len(singles)
         e = bucket(n) if n else 0
         tables = np.full((e, self.max_blocks), self.scratch, dtype=np.int64)
