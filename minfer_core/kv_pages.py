@@ -2,24 +2,27 @@
 
 The storage itself is :class:`minfer_core.model.KVCache` (per layer ``(n_blocks * block_size, Hkv,
 D)``, seen as ``(n_blocks, block_size, Hkv, D)``); this module only decides which block holds what.
-A full block computed from a prompt is keyed by ``(parent key, its token ids)``, so a block is
-found only after the same tokens at the same positions. A block whose last user lets go stays
+A full block computed from a prompt is keyed by a SHA-256 digest of its parent's key and its token
+ids, so a block is found only after the same tokens at the same positions: a request cannot craft a
+prompt whose key matches another's prefix, as it could with Python's ``hash`` (not collision-resistant). A block whose last user lets go stays
 findable (least recently used first out) until an allocation needs its memory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from array import array
 from collections import OrderedDict
-from typing import Hashable, Optional, Sequence
+from typing import Optional, Sequence
 
-ROOT: Hashable = ()  # the parent key of a sequence's first block
+ROOT = b""  # the parent key of a sequence's first block
 
 
-def block_key(parent: Hashable, tokens: Sequence[int]) -> Hashable:
-    """The prefix-cache key of a full block: its parent's key and its own token ids. The key is
-    compared whole in the dict (not only its hash), so two prefixes never share a block by chance."""
-    return (hash(parent), tuple(tokens))
+def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The prefix-cache key of a full block: the SHA-256 digest of its parent's key and its own token
+    ids (as 64-bit integers), so equal keys mean equal prefixes."""
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
 
 
 class BlockPool:
@@ -40,8 +43,8 @@ class BlockPool:
         self.lowest_first = lowest_first  # evict a cached block rather than take a higher free one
         self.free_ids: list[int] = list(range(n_blocks))  # a heap: the lowest id first
         self.refs = [0] * n_blocks
-        self.key_of: dict[int, Hashable] = {}
-        self.by_key: dict[Hashable, int] = {}
+        self.key_of: dict[int, bytes] = {}
+        self.by_key: dict[bytes, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()  # cached blocks nobody uses, oldest first
         self.hits = 0  # blocks served from the prefix cache
 
@@ -89,7 +92,7 @@ class BlockPool:
             del self.by_key[self.key_of.pop(block)]
             heapq.heappush(self.free_ids, block)
 
-    def lookup(self, key: Hashable) -> Optional[int]:
+    def lookup(self, key: bytes) -> Optional[int]:
         """The cached block for ``key`` with one more reference, or None."""
         b = self.by_key.get(key)
         if b is None:
@@ -100,7 +103,7 @@ class BlockPool:
         self.hits += 1
         return b
 
-    def register(self, block: int, key: Hashable) -> None:
+    def register(self, block: int, key: bytes) -> None:
         """Make a full, computed block findable by ``key`` (a block already cached under ``key``
         stays the one found; ``block`` then stays private to its sequence)."""
         if key not in self.by_key and block not in self.key_of:

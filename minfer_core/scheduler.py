@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Optional
+from typing import Any, Optional
 
 from .kv_pages import ROOT, BlockPool, block_key
 
@@ -30,7 +30,7 @@ class Sequence:
     blocks: list[int] = field(default_factory=list)
     n_computed: int = 0  # leading tokens whose K/V are in the cache
     n_registered: int = 0  # leading blocks that are in the prefix cache (found or registered)
-    parent_key: Hashable = ROOT  # prefix-cache key of block n_registered - 1
+    parent_key: bytes = ROOT  # prefix-cache key of block n_registered - 1
     data: Any = None  # the owner's per-request state
 
     @property

@@ -82,3 +82,17 @@ def test_lowest_free_block_first_and_lowest_first_evicts():
     plain = BlockPool(6, 2)
     plain.free(fill(plain, [1, 2, 3, 4, 5, 6]))
     assert plain.allocate() == 3  # the default keeps cached blocks while free ones last
+
+
+def test_a_hit_needs_the_whole_prefix_not_an_equal_hash(monkeypatch):
+    """A prompt crafted so that its first block's key hashes like another prompt's (Python's ``hash``
+    is not collision-resistant; here every hash collides) must not be served that prompt's later
+    blocks: its last block sits after other tokens."""
+    import minfer_core.kv_pages as kv_pages
+
+    monkeypatch.setattr(kv_pages, "hash", lambda _: 0, raising=False)
+    pool = BlockPool(8, 2)
+    victim = fill(pool, [1, 2, 3, 4])
+    assert pool.match([1, 2, 3, 4], max_blocks=4) == victim  # the same prefix is found
+    own = fill(pool, [7, 7])  # the other prompt's first block, cached by an earlier request of its own
+    assert pool.match([7, 7, 3, 4], max_blocks=4) == own  # [3, 4] after [7, 7]: not the victim's block
