@@ -125,6 +125,7 @@ class Scheduler:
             if seq.decoding:
                 plan.append(Work(seq, [(seq.n_computed, seq.n_computed + 1)]))
                 budget -= 1
+        free = self.pool.n_free - sum(self._blocks_for(w.end) - len(w.seq.blocks) for w in plan)
         for seq in self.running:
             if seq.decoding:
                 continue
@@ -133,11 +134,14 @@ class Scheduler:
                 end = self.call_end(seq, pos)
                 if end - pos > budget and (calls or plan):
                     break
+                if calls and self._blocks_for(end) - len(seq.blocks) > free:
+                    break  # a later call waits for blocks rather than preempt (its own sequence, often)
                 calls.append((pos, end))
                 budget -= end - pos
                 pos = end
             if calls:
                 plan.append(Work(seq, calls))
+                free -= self._blocks_for(pos) - len(seq.blocks)
         plan.sort(key=lambda w: w.seq.order)
         return self._allocate(plan)
 

@@ -107,3 +107,23 @@ def test_sequences_are_compared_by_identity():
     step(s)
     s.remove(b)  # not running, not waiting: only b's (empty) blocks are freed
     assert s.running == [a] and a.blocks
+
+
+def test_a_prompt_that_cannot_fit_yet_waits_instead_of_preempting_itself_each_step():
+    """A long prompt beside a decoding sequence, in a pool too small for both: it runs the calls the
+    free blocks hold, and once they are gone waits in the queue. Planning every call of the prompt at
+    once made each step preempt the prompt's own sequence (the youngest), over and over, with nothing
+    computed."""
+    s = Scheduler(BlockPool(8, 2), parallel=2, segment=2, step_tokens=64)
+    a, b = seq(0, 2), seq(1, 16)  # a: 1 block, b: 8 blocks, more than the 7 left
+    s.add(a)
+    step(s)
+    s.add(b)
+    computed, a_blocks = [], len(a.blocks)
+    for _ in range(6):  # a decodes 6 tokens
+        step(s)
+        computed.append(b.n_computed)
+    # b gives its blocks back only when a's growth needs one (3 blocks over the 6 tokens), not every step
+    assert s.preemptions <= len(a.blocks) - a_blocks == 3, s.preemptions
+    assert max(computed) > 0  # b ran what the free blocks held
+    assert a.n_computed == len(a.tokens) - 1 == 8  # a never waited
