@@ -4,8 +4,9 @@ The storage itself is :class:`minfer_core.model.KVCache` (per layer ``(n_blocks 
 D)``, seen as ``(n_blocks, block_size, Hkv, D)``); this module only decides which block holds what.
 A full block computed from a prompt is keyed by a SHA-256 digest of its parent's key and its token
 ids, so a block is found only after the same tokens at the same positions: a request cannot craft a
-prompt whose key matches another's prefix, as it could with Python's ``hash`` (not collision-resistant). A block whose last user lets go stays
-findable (least recently used first out) until an allocation needs its memory.
+prompt whose key matches another's prefix, as it could with Python's ``hash`` (not collision-resistant).
+A block whose last user lets go stays findable (least recently used first out) until an allocation
+needs its memory.
 """
 
 from __future__ import annotations
