@@ -59,6 +59,17 @@ def greedy_text(single, ids, n, stop=()):
 
 def test_models(client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"  # GET /v1/models/{model}, as OpenAI's API has it
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
+
+
+def test_health_answers_head(server):
+    """Load balancers probe with HEAD: the status of GET, no body."""
+    import httpx
+
+    head, get = httpx.head(server[0] + "/health"), httpx.get(server[0] + "/health")
+    assert head.status_code == get.status_code == 200 and head.content == b""
 
 
 def test_completion_greedy_matches_single_engine(client, single):

@@ -15,7 +15,7 @@ ENGINE_OPTIONS = True
 def add_parser(sub):
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server (completions, chat, streaming)",
-        description="Serve one model over HTTP: POST /v1/completions, /v1/chat/completions; GET /v1/models, "
+        description="Serve one model over HTTP: POST /v1/completions, /v1/chat/completions; GET /v1/models[/ID], "
                     "/health, /metrics (Prometheus). Any 'model' name in a request is accepted. SIGTERM "
                     "drains: new requests get 503, running ones finish within --shutdown-timeout, then exit 0.")
     p.add_argument("-m", "--model", metavar="FILE", help="GGUF file or known model name (default: qwen2.5-coder-0.5b)")

@@ -89,7 +89,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         return error_response(P.APIError(500, "the server failed on this request (see its log)", "server_error"))
 
     # -- endpoints -----------------------------------------------------------------------------
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
     async def health():
         stats = runner.engine.stats()
         status = "error" if not runner.alive else "draining" if runner.draining else "ok"
@@ -102,10 +102,17 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    card = {"id": model_id, "object": "model", "created": 0, "owned_by": "minfer", "max_model_len": runner.engine.n_ctx}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "minfer",
-                                            "max_model_len": runner.engine.n_ctx}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_id:
+            raise StarletteHTTPException(404, f"the model '{name}' does not exist: this server serves '{model_id}'")
+        return card
 
     body_limit = BODY_BASE + BODY_PER_TOKEN * runner.engine.n_ctx
 
