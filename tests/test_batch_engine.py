@@ -57,18 +57,23 @@ class Collect:
         return finals[0]
 
 
+def record_logits(be: BatchEngine, logits: dict) -> None:
+    """From now on ``logits`` collects, by request id, the logits each greedy token of ``be`` is taken from."""
+    pick = be._greedy_tokens
+
+    def recording(seqs, rows):
+        for seq, row in zip(seqs, rows):
+            logits.setdefault(seq.id, []).append(row.clone())
+        return pick(seqs, rows)
+
+    be._greedy_tokens = recording
+
+
 def run(be: BatchEngine, arrivals: dict[int, list[Request]], logits: dict | None = None) -> int:
     """Submit each list of requests at its step number; step until idle; the number of steps.
     ``logits`` collects the logits each request sampled from, by request id."""
     if logits is not None:
-        pick = be._greedy_tokens
-
-        def recording(seqs, rows):
-            for seq, row in zip(seqs, rows):
-                logits.setdefault(seq.id, []).append(row.clone())
-            return pick(seqs, rows)
-
-        be._greedy_tokens = recording
+        record_logits(be, logits)
     step = 0
     while True:
         for r in arrivals.get(step, []):
@@ -643,14 +648,7 @@ def test_a_one_token_prompt_recomputed_after_preemption_attends_in_order(engine)
         be = batch(engine, segment=32)
         r = c.req(ids, 6, ignore_eos=True)
         be.submit(r)
-        pick = be._greedy_tokens
-
-        def recording(seqs, rows):
-            for seq, row in zip(seqs, rows):
-                got.setdefault(seq.id, []).append(row.clone())
-            return pick(seqs, rows)
-
-        be._greedy_tokens = recording
+        record_logits(be, got)
         preempted = False
         while be.step():
             seq = be.sched.find(r.id)
@@ -793,14 +791,7 @@ def run_random_workload(eng, seed: int) -> dict:
     def engine_of(cfg, knobs, logits, n_blocks=None):
         be = BatchEngine(eng, block_size=16, **{**cfg, "n_blocks": n_blocks or cfg["n_blocks"]})
         be.overlap, be.device_sampling = knobs["overlap"], knobs["device_sampling"]
-        pick = be._greedy_tokens
-
-        def recording(seqs, rows):
-            for seq, row in zip(seqs, rows):
-                logits.setdefault(seq.id, []).append(row.clone())
-            return pick(seqs, rows)
-
-        be._greedy_tokens = recording
+        record_logits(be, logits)
         return be
 
     def request(c, spec):

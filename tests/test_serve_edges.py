@@ -22,7 +22,6 @@ from minfer_core.batch_engine import QueueFull, Request  # noqa: E402
 from serve_helpers import live_server, load_engine, post_raw, tiny_model  # noqa: E402
 
 N_CTX = 128
-BODY = {"model": "tiny", "prompt": "the", "max_tokens": 1}
 
 
 @pytest.fixture(scope="module")
