@@ -589,6 +589,7 @@ class BatchEngine:
         live.finished = True
         if reason not in ("cancelled", "error"):
             text += live.text.finish()
+            reason = "stop" if live.text.stopped else reason
         self._emit(seq, Event(live.req.id, text, list(token_ids), True, reason, error))
 
     def _emit(self, seq: Sequence, ev: Event) -> None:

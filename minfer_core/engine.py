@@ -292,6 +292,8 @@ class Engine:
             logits = self.decode(token)
         out.stop_reason = out.stop_reason or "length"
         rest = text.finish()
+        if text.stopped:
+            out.stop_reason = "stop"
         out.text += rest
         if on_text and rest:
             on_text(rest)
@@ -306,7 +308,8 @@ class StopStream:
 
     :meth:`push` returns the text that can be shown now: text that may begin a stop string is
     held back until the next tokens decide. After a stop string, :attr:`stopped` is set and
-    :meth:`finish` returns nothing; otherwise :meth:`finish` returns what was held back.
+    :meth:`finish` returns nothing; otherwise :meth:`finish` returns what was held back, cut at a
+    stop string that the flushed bytes complete (one ending in U+FFFD), which sets :attr:`stopped`.
     """
 
     def __init__(self, tok: Tokenizer, stop: Sequence[str] = ()):
@@ -317,18 +320,23 @@ class StopStream:
 
     def push(self, token: int) -> str:
         self.pending += self.decoder.push(token)
-        hit = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1)
-        if hit >= 0:
-            emit, self.pending, self.stopped = self.pending[:hit], "", True
-            return emit
-        emit, self.pending = _split_safe(self.pending, self.stop)
+        emit, self.pending = (self.pending, "") if self._cut() else _split_safe(self.pending, self.stop)
         return emit
 
     def finish(self) -> str:
         if self.stopped:
             return ""
-        rest, self.pending = self.pending + self.decoder.flush(), ""
+        self.pending += self.decoder.flush()
+        self._cut()
+        rest, self.pending = self.pending, ""
         return rest
+
+    def _cut(self) -> bool:
+        """Cut :attr:`pending` before its first stop string, if it holds one; True (and stopped) if so."""
+        hit = min((self.pending.find(s) for s in self.stop if s in self.pending), default=-1)
+        if hit >= 0:
+            self.pending, self.stopped = self.pending[:hit], True
+        return hit >= 0
 
 
 def _split_safe(text: str, stops: Sequence[str]) -> tuple[str, str]:

@@ -186,3 +186,26 @@ def test_on_text_error_cancels_and_is_raised(tiny_qwen2):
     assert not be.sched.running
     again = generate(be, ids, 4, GREEDY)
     assert len(again.tokens) <= 4 and again.stop_reason in ("length", "eog")
+
+
+class _ByteVocab:
+    """Token id -> bytes, the one method the stream decoder reads."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def token_bytes(self, id, special=False):
+        return self.pieces[id]
+
+
+@pytest.mark.parametrize("stop, want_text, want_stopped", [
+    (["x\ufffd"], "", True),  # the dangling bytes flush as U+FFFD and complete the stop string
+    (["\ufffd"], "x", True),
+    (["y"], "x\ufffd", False),  # no stop string: the held-back text comes out, U+FFFD included
+])
+def test_a_stop_string_completed_by_the_final_flush_is_cut(stop, want_text, want_stopped):
+    from minfer_core.engine import StopStream
+
+    text = StopStream(_ByteVocab([b"x", b"\xe2\x82"]), stop)  # b"\xe2\x82": a euro sign's first two bytes
+    shown = text.push(0) + text.push(1) + text.finish()
+    assert (shown, text.stopped) == (want_text, want_stopped)
