@@ -127,8 +127,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
             if bad:
                 raise P.APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary", param="prompt")
             ids = list(prompt)
-        max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        return await generate(http, body, ids, max_tokens, chat=False)
+        return await generate(http, body, ids, body.token_limit(16), chat=False)
 
     def chat_ids(body: P.ChatCompletionRequest) -> list[int]:
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
@@ -150,8 +149,7 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
             raise P.APIError(400, "the served model has no chat template (tokenizer.chat_template): "
                                   "use /v1/completions", param="messages")
         ids = await run_in_threadpool(chat_ids, body)
-        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        return await generate(http, body, ids, -1 if limit is None else limit, chat=True)
+        return await generate(http, body, ids, body.token_limit(-1, "max_completion_tokens"), chat=True)
 
     # -- generation ----------------------------------------------------------------------------
     async def generate(http: HTTPRequest, body, ids: list[int], max_tokens: int, chat: bool):

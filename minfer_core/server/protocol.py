@@ -3,7 +3,7 @@
 Fields OpenAI defines but minfer cannot honour are accepted only at their neutral value (``n=1``,
 no logprobs, no penalties, no tools); anything else is a 400 naming the field. Extensions beyond
 OpenAI's set, as in llama.cpp's server: ``top_k``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``,
-``ignore_eos``.
+``ignore_eos``, ``n_predict`` (``max_tokens``' llama.cpp name, -1 for no limit).
 """
 
 from __future__ import annotations
@@ -77,9 +77,12 @@ class _Common(_NullIsDefault):
     repeat_penalty: float = Field(1.0, gt=0.0)
     repeat_last_n: StrictInt = Field(64, ge=-1)  # the penalty's window: 0 = off, -1 = the whole context
     ignore_eos: StrictBool = False
+    n_predict: Optional[StrictInt] = Field(None, ge=-1)
 
     @model_validator(mode="after")
     def _supported(self):
+        if self.n_predict == 0:
+            raise ValueError("n_predict: must be -1 (no limit) or at least 1")
         if self.n != 1:
             raise ValueError("n: only n=1 is supported")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -90,6 +93,14 @@ class _Common(_NullIsDefault):
         if isinstance(self.stop, list) and len(self.stop) > 4:
             raise ValueError("stop: at most 4 sequences")
         return self
+
+    def token_limit(self, default: int, *fields: str) -> int:
+        """The first of ``fields`` (then ``max_tokens``, then ``n_predict``) that the request set, else
+        ``default``; -1 means no limit."""
+        for name in (*fields, "max_tokens", "n_predict"):
+            if getattr(self, name) is not None:
+                return getattr(self, name)
+        return default
 
     def stop_list(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
