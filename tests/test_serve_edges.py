@@ -107,7 +107,6 @@ def test_null_fields_take_their_defaults(server):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-
 @pytest.mark.parametrize("extra, n_tokens", [({"n_predict": 3}, 3), ({"n_predict": 3, "max_tokens": 2}, 2),
                                              ({"n_predict": -1}, N_CTX - 3)])
 def test_n_predict_is_llama_servers_name_for_max_tokens(server, extra, n_tokens):
@@ -122,6 +121,7 @@ def test_n_predict_is_llama_servers_name_for_max_tokens(server, extra, n_tokens)
 def test_n_predict_zero_is_400(server):
     status, reply = post_raw_text(server[0] + "/v1/completions", b'{"prompt": "the", "n_predict": 0}')
     assert status == 400 and "n_predict" in reply, reply
+
 
 # -- HTTP --------------------------------------------------------------------------------------
 
