@@ -52,6 +52,35 @@ class SamplerConfig:
         return self.temp == 0
 
 
+#: SamplerConfig fields a model file may set defaults for, and their GGUF keys (llama.cpp reads the
+#: same keys: a user's flag wins, then the file's value, then the built-in default)
+FILE_KEYS = {"temp": "general.sampling.temp", "top_k": "general.sampling.top_k",
+             "top_p": "general.sampling.top_p", "min_p": "general.sampling.min_p",
+             "repeat_penalty": "general.sampling.penalty_repeat",
+             "repeat_last_n": "general.sampling.penalty_last_n"}
+
+
+def file_defaults(metadata: dict) -> tuple[dict, list[str]]:
+    """The sampling defaults a model file's metadata sets (``general.sampling.*``): the valid ones as
+    SamplerConfig fields, and a line for each value refused (a wrong type, or out of range)."""
+    found, refused = {}, []
+    for field, key in FILE_KEYS.items():
+        if key not in metadata:
+            continue
+        v = metadata[key]
+        want_int = field in ("top_k", "repeat_last_n")
+        ok = isinstance(v, int) if want_int else isinstance(v, (int, float))
+        try:
+            if not ok or isinstance(v, bool):
+                raise ValueError(f"not {'an integer' if want_int else 'a number'}")
+            SamplerConfig(**{field: v})  # the same ranges as the flags
+        except (ValueError, TypeError, OverflowError) as e:
+            refused.append(f"{key} = {v!r:.40} ignored: {e}")
+            continue
+        found[field] = v
+    return found, refused
+
+
 class Sampler:
     def __init__(self, cfg: SamplerConfig):
         self.cfg = cfg

@@ -26,8 +26,9 @@ def run(args) -> int:
     from ..chat_session import ChatSession
     from ..solo import solo_engine
 
-    sampling = sampler_config(args)
+    sampler_config(args)  # bad flags fail before the load
     engine = load_engine(args)
+    sampling = sampler_config(args, engine.gf.metadata)
     session = ChatSession(solo_engine(engine), system=args.system, sampling=sampling)
     interactive = sys.stdin.isatty()
     for turn in itertools.count(1):

@@ -22,18 +22,19 @@ def add_model_args(p: argparse.ArgumentParser, ctx_default: int = 4096) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
+    g = p.add_argument_group("sampling", "A flag not given takes the model file's value (general.sampling.temp,\n"
+                             "top_k, top_p, min_p, penalty_repeat, penalty_last_n) where it has one, as llama.cpp "
+                             "does,\nelse the default shown.")
     g.add_argument("-n", "--n-predict", type=values.n_predict, default=-1, metavar="N",
                    help="tokens to generate (default: -1 = until an end token or the context is full; "
                         "other negatives are refused)")
     g.add_argument("-s", "--seed", type=values.seed, default=-1, help="RNG seed, 0 to 2**64-1 (default: -1 = random)")
-    g.add_argument("--temp", type=values.temperature, default=0.8, help="temperature >= 0 (default: 0.8; 0 = greedy)")
-    g.add_argument("--top-k", type=values.top_k, default=40, help="top-k (default: 40; 0 = off)")
-    g.add_argument("--top-p", type=values.top_p, default=0.95, help="top-p in (0, 1] (default: 0.95; 1.0 = off)")
-    g.add_argument("--min-p", type=values.min_p, default=0.05, help="min-p in [0, 1] (default: 0.05; 0 = off)")
-    g.add_argument("--repeat-penalty", type=values.repeat_penalty, default=1.0,
-                   help="repeat penalty > 0 (default: 1.0 = off)")
-    g.add_argument("--repeat-last-n", type=values.repeat_last_n, default=64,
+    g.add_argument("--temp", type=values.temperature, help="temperature >= 0 (default: 0.8; 0 = greedy)")
+    g.add_argument("--top-k", type=values.top_k, help="top-k (default: 40; 0 = off)")
+    g.add_argument("--top-p", type=values.top_p, help="top-p in (0, 1] (default: 0.95; 1.0 = off)")
+    g.add_argument("--min-p", type=values.min_p, help="min-p in [0, 1] (default: 0.05; 0 = off)")
+    g.add_argument("--repeat-penalty", type=values.repeat_penalty, help="repeat penalty > 0 (default: 1.0 = off)")
+    g.add_argument("--repeat-last-n", type=values.repeat_last_n,
                    help="tokens the repeat penalty looks back at (default: 64; 0 = off, -1 = the whole context)")
     g.add_argument("--stop", type=values.utf8_text, action="append", default=[], metavar="TEXT",
                    help="stop at this text (repeatable)")
@@ -69,10 +70,18 @@ def check_ctx(args, path) -> None:
                         f"give -c {limit} or less (0 = the model's)")
 
 
-def sampler_config(args) -> SamplerConfig:
+def sampler_config(args, metadata: dict | None = None) -> SamplerConfig:
+    """The sampling flags given, then the model file's ``general.sampling.*`` values (``metadata``; a
+    refused one is said on stderr), then SamplerConfig's defaults."""
+    from ..engine import log
+    from ..sampling import FILE_KEYS, file_defaults
+
+    found, refused = file_defaults(metadata or {})
+    for line in refused:
+        log(f"minfer: {line}")
+    given = {f: getattr(args, f) for f in FILE_KEYS if getattr(args, f, None) is not None}
     try:
-        return SamplerConfig(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+        return SamplerConfig(**{**found, **given}, seed=args.seed)
     except ValueError as e:
         raise UserError(str(e)) from None
 

@@ -36,8 +36,9 @@ def run(args) -> int:
     from ..solo import generate, solo_engine
 
     prompt = read_prompt(args)
-    sampling = sampler_config(args)
+    sampler_config(args)  # bad flags fail before the load
     engine = load_engine(args, trace_dispatch=args.trace_dispatch)
+    sampling = sampler_config(args, engine.gf.metadata)
     ids = engine.tok.encode(prompt, add_special=not args.no_bos, parse_special=True)
     if not ids:
         raise UserError("the prompt is empty and the model adds no BOS token: give a prompt (-p TEXT or -f FILE)")
