@@ -1,10 +1,12 @@
-"""Sampling defaults from the model file (``general.sampling.*``), as llama.cpp reads them: a flag the
-user gives wins, then the file's value, then the built-in default; a value out of range is ignored
-with a line on stderr."""
+"""Sampling defaults from the model file (``general.sampling.*``), as llama.cpp reads them: a flag (or
+a request's field, in the server) wins, then the file's value, then the built-in default; a value out
+of range is ignored with a line on stderr."""
 
 from __future__ import annotations
 
 import argparse
+
+import pytest
 
 from minfer_core.commands.common import add_sampling_args, sampler_config
 from minfer_core.sampling import SamplerConfig, file_defaults
@@ -52,3 +54,34 @@ def test_run_takes_the_files_temperature(tmp_path, capfd):
     assert runs[0].stdout == runs[1].stdout == given.stdout
     assert "general.sampling.top_p = 7.5 ignored" in runs[0].stderr
 
+
+
+def test_a_request_field_wins_then_the_file_then_openais_default():
+    from minfer_core.server.protocol import CompletionRequest
+
+    d = {"temp": 0.3, "top_k": 1, "min_p": 0.2}
+    cfg = CompletionRequest(prompt="x", top_k=5, top_p=None).sampler(d)  # null: the default
+    assert (cfg.temp, cfg.top_k, cfg.top_p, cfg.min_p) == (0.3, 5, 1.0, 0.2)
+    plain = CompletionRequest(prompt="x").sampler({})
+    assert (plain.temp, plain.top_k, plain.top_p, plain.min_p) == (1.0, 0, 1.0, 0.0)  # OpenAI's defaults
+
+
+def test_serve_takes_the_files_defaults(tmp_path):
+    """A file that says top_k 1: requests that leave top_k out draw the best token whatever the seed."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from minfer_core.batch_engine import BatchEngine
+    from serve_helpers import live_server
+
+    path = build(tmp_path, edit=lambda md, ts: md.update({"general.sampling.top_k": 1}))
+    engine = BatchEngine.load(path, n_ctx=64, parallel=2, max_queue=4, device="cpu", backend="reference",
+                              progress=False)
+    with live_server(engine, template=None) as (base, _):
+        def complete(**kw):
+            r = httpx.post(base + "/v1/completions", timeout=60,
+                           json={"prompt": [1, 2, 3], "max_tokens": 8, "ignore_eos": True, **kw})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        texts = {complete(temperature=1.5, seed=s) for s in (1, 2, 3)}
+        assert texts == {complete(temperature=0)}

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ..chat_template import render_chat
+from ..sampling import file_defaults
 from . import protocol as P
 from .metrics import Metrics
 from .runner import EngineRunner, Event, QueueFull, Request, Stream, UserError
@@ -59,6 +60,9 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     app.state.runner, app.state.model_id = runner, model_id
     metrics = app.state.metrics = Metrics(runner)
     tok = runner.engine.tok
+    sampling_defaults, refused = file_defaults(runner.engine.engine.gf.metadata)
+    for line in refused:
+        log.warning("minfer: %s", line)
 
     # -- errors --------------------------------------------------------------------------------
     def error_response(e: P.APIError) -> JSONResponse:
@@ -161,8 +165,8 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
         n_ctx = runner.engine.n_ctx
         if len(ids) >= n_ctx:
             raise context_error(len(ids), n_ctx)
-        req = Request(prompt_ids=ids, max_tokens=max_tokens, sampling=body.sampler(), stop=body.stop_list(),
-                      ignore_eos=body.ignore_eos)
+        req = Request(prompt_ids=ids, max_tokens=max_tokens, sampling=body.sampler(sampling_defaults),
+                      stop=body.stop_list(), ignore_eos=body.ignore_eos)
         try:
             stream = runner.submit(req)
         except QueueFull:

@@ -106,10 +106,19 @@ class _Common(_NullIsDefault):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
 
-    def sampler(self) -> SamplerConfig:
-        temp = 0.0 if self.top_p == 0 else self.temperature  # top_p -> 0 keeps only the best token
-        return SamplerConfig(temp=temp, top_k=self.top_k, top_p=self.top_p or 1.0, min_p=self.min_p,
-                             repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n, seed=self.seed)
+    def sampler(self, defaults: dict | None = None) -> SamplerConfig:
+        """The request's sampling; a field it does not set (or sets to null) takes ``defaults`` (the
+        model file's ``general.sampling.*``, as SamplerConfig fields) where that has it."""
+        d = defaults or {}
+
+        def pick(name: str, field: str):
+            return getattr(self, name) if name in self.model_fields_set or field not in d else d[field]
+
+        top_p = pick("top_p", "top_p")
+        temp = 0.0 if top_p == 0 else pick("temperature", "temp")  # top_p -> 0 keeps only the best token
+        return SamplerConfig(temp=temp, top_k=pick("top_k", "top_k"), top_p=top_p or 1.0,
+                             min_p=pick("min_p", "min_p"), repeat_penalty=pick("repeat_penalty", "repeat_penalty"),
+                             repeat_last_n=pick("repeat_last_n", "repeat_last_n"), seed=self.seed)
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
