@@ -22,9 +22,9 @@ def add_model_args(p: argparse.ArgumentParser, ctx_default: int = 4096) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling", "A flag not given takes the model file's value (general.sampling.temp,\n"
+    g = p.add_argument_group("sampling", "A flag not given takes the model file's value (general.sampling.temp, "
                              "top_k, top_p, min_p, penalty_repeat, penalty_last_n) where it has one, as llama.cpp "
-                             "does,\nelse the default shown.")
+                             "does, else the default shown.")
     g.add_argument("-n", "--n-predict", type=values.n_predict, default=-1, metavar="N",
                    help="tokens to generate (default: -1 = until an end token or the context is full; "
                         "other negatives are refused)")
