@@ -34,7 +34,7 @@ def load_engine(path: Path, n_ctx: int = 256, parallel: int = 4, max_queue: int 
 
 
 @contextmanager
-def live_server(engine, template: str | None = CHATML_TEMPLATE, model_id: str = "tiny"):
+def live_server(engine, template: str | None = CHATML_TEMPLATE, model_id: str = "tiny", sampling_defaults=None):
     """Yield ``(base_url, app)`` of a running server; stop it (bounded) on exit."""
     import uvicorn
 
@@ -44,7 +44,7 @@ def live_server(engine, template: str | None = CHATML_TEMPLATE, model_id: str = 
     from minfer_core.server.runner import EngineRunner
 
     runner = EngineRunner(engine)
-    app = create_app(runner, model_id, template)
+    app = create_app(runner, model_id, template, sampling_defaults)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn_config(app))

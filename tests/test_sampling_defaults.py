@@ -66,22 +66,32 @@ def test_a_request_field_wins_then_the_file_then_openais_default():
     assert (plain.temp, plain.top_k, plain.top_p, plain.min_p) == (1.0, 0, 1.0, 0.0)  # OpenAI's defaults
 
 
-def test_serve_takes_the_files_defaults(tmp_path):
-    """A file that says top_k 1: requests that leave top_k out draw the best token whatever the seed."""
+@pytest.mark.parametrize("file, flags", [({"general.sampling.top_k": 1}, None),  # the file's top_k 1
+                                         ({"general.sampling.temp": 1.5}, {"temp": 0.0})])  # serve --temp 0 wins
+def test_serve_takes_its_flags_then_the_files_defaults(tmp_path, file, flags):
+    """Requests that leave the sampling fields out draw the best token whatever the seed when the
+    server's defaults make them greedy: the same text as an explicit temperature 0."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     from minfer_core.batch_engine import BatchEngine
     from serve_helpers import live_server
 
-    path = build(tmp_path, edit=lambda md, ts: md.update({"general.sampling.top_k": 1}))
+    path = build(tmp_path, edit=lambda md, ts: md.update(file))
     engine = BatchEngine.load(path, n_ctx=64, parallel=2, max_queue=4, device="cpu", backend="reference",
                               progress=False)
-    with live_server(engine, template=None) as (base, _):
+    with live_server(engine, template=None, sampling_defaults=flags) as (base, _):
         def complete(**kw):
             r = httpx.post(base + "/v1/completions", timeout=60,
                            json={"prompt": [1, 2, 3], "max_tokens": 8, "ignore_eos": True, **kw})
             assert r.status_code == 200, r.text
             return r.json()["choices"][0]["text"]
 
-        texts = {complete(temperature=1.5, seed=s) for s in (1, 2, 3)}
+        texts = {complete(seed=s, **({} if flags else {"temperature": 1.5})) for s in (1, 2, 3)}
         assert texts == {complete(temperature=0)}
+
+
+def test_serve_help_lists_the_request_defaults():
+    res = minfer("serve", "--help")
+    assert res.returncode == 0 and "--repeat-last-n" in res.stdout and "general.sampling" in res.stdout
+    bad = minfer("serve", "-m", "absent.gguf", "--temp", "-1")
+    assert bad.returncode == 2 and "--temp" in bad.stderr

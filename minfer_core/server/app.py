@@ -44,9 +44,11 @@ INLINE_CHARS = 1 << 14
 DRAIN_BYTES = 64 << 20  # the most of a refused body read (and dropped) before the connection closes
 
 
-def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = None) -> FastAPI:
+def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = None,
+               sampling_defaults: dict | None = None) -> FastAPI:
     """The ASGI app. Starting it (lifespan) starts the engine thread; stopping it stops the thread
-    and ends every open request with an error."""
+    and ends every open request with an error. ``sampling_defaults`` (SamplerConfig fields, from
+    ``serve``'s flags) fill what a request leaves out, ahead of the model file's ``general.sampling.*``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -60,9 +62,10 @@ def create_app(runner: EngineRunner, model_id: str, chat_template: str | None = 
     app.state.runner, app.state.model_id = runner, model_id
     metrics = app.state.metrics = Metrics(runner)
     tok = runner.engine.tok
-    sampling_defaults, refused = file_defaults(runner.engine.engine.gf.metadata)
+    from_file, refused = file_defaults(runner.engine.engine.gf.metadata)
     for line in refused:
         log.warning("minfer: %s", line)
+    sampling_defaults = {**from_file, **(sampling_defaults or {})}  # the server's flags win over the file
 
     # -- errors --------------------------------------------------------------------------------
     def error_response(e: P.APIError) -> JSONResponse:
