@@ -26,7 +26,6 @@ def run(args) -> int:
     from ..chat_session import ChatSession
     from ..solo import solo_engine
 
-    sampler_config(args)  # bad flags fail before the load
     engine = load_engine(args)
     sampling = sampler_config(args, engine.gf.metadata)
     session = ChatSession(solo_engine(engine), system=args.system, sampling=sampling)

@@ -29,15 +29,29 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="tokens to generate (default: -1 = until an end token or the context is full; "
                         "other negatives are refused)")
     g.add_argument("-s", "--seed", type=values.seed, default=-1, help="RNG seed, 0 to 2**64-1 (default: -1 = random)")
-    g.add_argument("--temp", type=values.temperature, help="temperature >= 0 (default: 0.8; 0 = greedy)")
-    g.add_argument("--top-k", type=values.top_k, help="top-k (default: 40; 0 = off)")
-    g.add_argument("--top-p", type=values.top_p, help="top-p in (0, 1] (default: 0.95; 1.0 = off)")
-    g.add_argument("--min-p", type=values.min_p, help="min-p in [0, 1] (default: 0.05; 0 = off)")
-    g.add_argument("--repeat-penalty", type=values.repeat_penalty, help="repeat penalty > 0 (default: 1.0 = off)")
-    g.add_argument("--repeat-last-n", type=values.repeat_last_n,
-                   help="tokens the repeat penalty looks back at (default: 64; 0 = off, -1 = the whole context)")
+    add_sampler_flags(g, shown_defaults=True)
     g.add_argument("--stop", type=values.utf8_text, action="append", default=[], metavar="TEXT",
                    help="stop at this text (repeatable)")
+
+
+def add_sampler_flags(g, shown_defaults: bool) -> None:
+    """--temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, each None when not given
+    (:func:`given_sampling`); ``shown_defaults``: the help names SamplerConfig's defaults."""
+    d = (lambda text: f" (default: {text})") if shown_defaults else (lambda text: f" ({text.split('; ', 1)[-1]})")
+    g.add_argument("--temp", type=values.temperature, help="temperature >= 0" + d("0.8; 0 = greedy"))
+    g.add_argument("--top-k", type=values.top_k, help="top-k" + d("40; 0 = off"))
+    g.add_argument("--top-p", type=values.top_p, help="top-p in (0, 1]" + d("0.95; 1.0 = off"))
+    g.add_argument("--min-p", type=values.min_p, help="min-p in [0, 1]" + d("0.05; 0 = off"))
+    g.add_argument("--repeat-penalty", type=values.repeat_penalty, help="repeat penalty > 0" + d("1.0 = off"))
+    g.add_argument("--repeat-last-n", type=values.repeat_last_n,
+                   help="tokens the repeat penalty looks back at" + d("64; 0 = off, -1 = the whole context"))
+
+
+def given_sampling(args) -> dict:
+    """The sampler flags the user gave, as SamplerConfig fields."""
+    from ..sampling import FILE_KEYS
+
+    return {f: getattr(args, f) for f in FILE_KEYS if getattr(args, f, None) is not None}
 
 
 def requested_ctx(args) -> int:
@@ -74,14 +88,13 @@ def sampler_config(args, metadata: dict | None = None) -> SamplerConfig:
     """The sampling flags given, then the model file's ``general.sampling.*`` values (``metadata``; a
     refused one is said on stderr), then SamplerConfig's defaults."""
     from ..engine import log
-    from ..sampling import FILE_KEYS, file_defaults
+    from ..sampling import file_defaults
 
     found, refused = file_defaults(metadata or {})
     for line in refused:
         log(f"minfer: {line}")
-    given = {f: getattr(args, f) for f in FILE_KEYS if getattr(args, f, None) is not None}
     try:
-        return SamplerConfig(**{**found, **given}, seed=args.seed)
+        return SamplerConfig(**{**found, **given_sampling(args)}, seed=args.seed)
     except ValueError as e:
         raise UserError(str(e)) from None
 

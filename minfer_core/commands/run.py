@@ -36,7 +36,6 @@ def run(args) -> int:
     from ..solo import generate, solo_engine
 
     prompt = read_prompt(args)
-    sampler_config(args)  # bad flags fail before the load
     engine = load_engine(args, trace_dispatch=args.trace_dispatch)
     sampling = sampler_config(args, engine.gf.metadata)
     ids = engine.tok.encode(prompt, add_special=not args.no_bos, parse_special=True)

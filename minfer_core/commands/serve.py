@@ -7,7 +7,7 @@ import sys
 
 from ..errors import UserError
 from . import values
-from .common import check_ctx, log, requested_ctx
+from .common import add_sampler_flags, check_ctx, given_sampling, log, requested_ctx
 
 ENGINE_OPTIONS = True
 
@@ -44,12 +44,7 @@ def add_parser(sub):
                              "then the model file's general.sampling.* values, then OpenAI's defaults "
                              "(temperature 1, top_p 1, top_k 0 = off, min_p 0, repeat_penalty 1, "
                              "repeat_last_n 64).")
-    g.add_argument("--temp", type=values.temperature, help="temperature >= 0 (0 = greedy)")
-    g.add_argument("--top-k", type=values.top_k, help="top-k (0 = off)")
-    g.add_argument("--top-p", type=values.top_p, help="top-p in (0, 1]")
-    g.add_argument("--min-p", type=values.min_p, help="min-p in [0, 1]")
-    g.add_argument("--repeat-penalty", type=values.repeat_penalty, help="repeat penalty > 0 (1 = off)")
-    g.add_argument("--repeat-last-n", type=values.repeat_last_n, help="the penalty's window (0 = off, -1 = all)")
+    add_sampler_flags(g, shown_defaults=False)
     return p
 
 
@@ -96,9 +91,7 @@ def run(args) -> int:
     if not template:
         log(f"minfer: {path.name} has no chat template: /v1/chat/completions will answer 400")
     runner = EngineRunner(engine)
-    from ..sampling import FILE_KEYS
-    defaults = {f: getattr(args, f) for f in FILE_KEYS if getattr(args, f, None) is not None}
-    app = create_app(runner, model_id, template, defaults)
+    app = create_app(runner, model_id, template, given_sampling(args))
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     log(f"minfer: serving {model_id} at http://{host if ':' not in host else f'[{host}]'}:{port}/v1 "

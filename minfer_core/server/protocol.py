@@ -108,7 +108,8 @@ class _Common(_NullIsDefault):
 
     def sampler(self, defaults: dict | None = None) -> SamplerConfig:
         """The request's sampling; a field it does not set (or sets to null) takes ``defaults`` (the
-        model file's ``general.sampling.*``, as SamplerConfig fields) where that has it."""
+        server's: its flags, then the model file's ``general.sampling.*``, as SamplerConfig fields)
+        where that has it."""
         d = defaults or {}
 
         def pick(name: str, field: str):
